@@ -1,0 +1,9 @@
+"""aotc: an ahead-of-time compiler from ONNX graphs to plain, fused, vectorized C libraries."""
+
+__version__ = "0.1.0"
+
+from aotc.bindings import CompiledModel, load  # noqa: E402
+from aotc.compiler import compile  # noqa: E402,A004
+from aotc.errors import AotcError  # noqa: E402
+
+__all__ = ["AotcError", "CompiledModel", "compile", "load", "__version__"]

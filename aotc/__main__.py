@@ -1,0 +1,5 @@
+import sys
+
+from aotc.cli import main
+
+sys.exit(main())

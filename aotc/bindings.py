@@ -1,0 +1,127 @@
+"""Python bindings: load a compiled library with cffi and call it with numpy arrays.
+
+cffi's ABI mode reads the declarations aotc wrote next to the library (NAME.cdef), so loading needs
+no C compiler. cffi releases the GIL during the call; each thread gets its own workspace, so
+several threads may run one model at once.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import cffi
+import numpy as np
+
+from aotc.errors import AotcError
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+
+
+class CompiledModel:
+    """A compiled model: ``run(feeds) -> [outputs]`` in fetch order; ``.inputs``/``.outputs``."""
+
+    def __init__(self, prefix: str | Path) -> None:
+        prefix = Path(prefix)
+        meta_path = prefix.parent / f"{prefix.name}.json"
+        try:
+            self.metadata = json.loads(meta_path.read_text())
+        except (OSError, ValueError) as e:
+            raise AotcError(f"no compiled model at {prefix} ({e})") from None
+        self.name: str = self.metadata["name"]
+        self.inputs = [TensorSpec(t["name"], np.dtype(_np_name(t["dtype"])), tuple(t["shape"]))
+                       for t in self.metadata["inputs"]]
+        self.outputs = [TensorSpec(t["name"], np.dtype(_np_name(t["dtype"])), tuple(t["shape"]))
+                        for t in self.metadata["outputs"]]
+        self.workspace_bytes: int = self.metadata["workspace_bytes"]
+        self.library_path = prefix.parent / f"lib{self.name}.so"
+        self._ffi = cffi.FFI()
+        self._ffi.cdef((prefix.parent / f"{self.name}.cdef").read_text())
+        try:
+            self._lib = self._ffi.dlopen(str(self.library_path.resolve()))
+        except OSError as e:
+            raise AotcError(f"cannot load {self.library_path}: {e}") from None
+        self._run = getattr(self._lib, f"{self.name}_run_v")
+        self._local = threading.local()
+
+    @property
+    def num_kernels(self) -> int:
+        return int(self.metadata["num_kernels"])
+
+    def __repr__(self) -> str:
+        sig = ", ".join(f"{t.name}: {t.dtype}{list(t.shape)}" for t in self.inputs)
+        return f"<aotc.CompiledModel {self.name}({sig})>"
+
+    def _workspace(self) -> np.ndarray:
+        ws = getattr(self._local, "ws", None)
+        if ws is None:
+            raw = np.zeros(self.workspace_bytes + 64, np.uint8)
+            off = (-raw.ctypes.data) % 64
+            ws = raw[off:off + self.workspace_bytes]
+            self._local.ws = ws
+        return ws
+
+    def _check(self, feeds: Mapping[str, object] | Sequence[object]) -> list[np.ndarray]:
+        if not isinstance(feeds, Mapping):
+            feeds = list(feeds)
+            if len(feeds) != len(self.inputs):
+                raise ValueError(f"{self.name}: expected {len(self.inputs)} inputs, got {len(feeds)}")
+            feeds = {t.name: x for t, x in zip(self.inputs, feeds, strict=True)}
+        expected = [t.name for t in self.inputs]
+        unknown = [k for k in feeds if k not in expected]
+        missing = [k for k in expected if k not in feeds]
+        if unknown or missing:
+            raise ValueError(f"{self.name}: feeds must be exactly {expected}"
+                             + (f"; unknown: {unknown}" if unknown else "")
+                             + (f"; missing: {missing}" if missing else ""))
+        arrays = []
+        for t in self.inputs:
+            x = feeds[t.name]
+            if isinstance(x, np.ndarray):
+                if x.dtype != t.dtype:
+                    raise TypeError(f"{self.name}: input {t.name!r} must be {t.dtype}, got {x.dtype}")
+            else:
+                x = np.asarray(x, dtype=t.dtype)
+            if x.shape != t.shape:
+                raise ValueError(f"{self.name}: input {t.name!r} must have shape {list(t.shape)}, "
+                                 f"got {list(x.shape)}")
+            arrays.append(np.ascontiguousarray(x))
+        return arrays
+
+    def _ptr(self, a: np.ndarray):
+        if a.size == 0:  # a zero-size buffer has no address; the kernels will not touch it
+            a = np.zeros(1, np.uint8)
+        return self._ffi.cast("void *", self._ffi.from_buffer(a))
+
+    def run(self, feeds: Mapping[str, object] | Sequence[object]) -> list[np.ndarray]:
+        arrays = self._check(feeds)
+        outs = [np.empty(t.shape, t.dtype) for t in self.outputs]
+        keep = [*arrays, *outs]  # noqa: F841 - buffers must outlive the call
+        ins_c = self._ffi.new("void *[]", [self._ptr(a) for a in arrays] or [self._ffi.NULL])
+        outs_c = self._ffi.new("void *[]", [self._ptr(a) for a in outs] or [self._ffi.NULL])
+        ws = self._workspace()
+        ws_c = self._ptr(ws) if self.workspace_bytes else self._ffi.NULL
+        rc = self._run(ins_c, outs_c, ws_c)
+        if rc != 0:
+            raise RuntimeError(f"{self.name}_run failed with code {rc}")
+        return outs
+
+    def __call__(self, **feeds: object) -> list[np.ndarray]:
+        return self.run(feeds)
+
+
+def _np_name(dtype: str) -> str:
+    return "bool" if dtype == "bool" else dtype
+
+
+def load(prefix: str | Path) -> CompiledModel:
+    """Load a compiled model from ``OUTDIR/NAME`` (the files NAME.json and libNAME.so)."""
+    return CompiledModel(prefix)

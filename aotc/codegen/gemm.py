@@ -1,0 +1,284 @@
+"""Generator for fp32 GEMM kernels specialised for constant shapes.
+
+Every ONNX MatMul/Gemm the compiler sees has M, N and K fixed at compile time, so instead of calling a
+general BLAS we emit one C function per GEMM in which all sizes, strides and block sizes are literals.
+The algorithm is the classic Goto/BLIS decomposition (described, not copied, from the literature):
+
+* ``B`` is cut into KC x NC blocks that are packed into panels ``NR`` columns wide (each KC x NR
+  micro-panel is contiguous, zero padded at the right edge) so the micro-kernel streams it linearly.
+  A block of packed ``B`` lives in L2/L3 and one micro-panel of it stays in L1 while it is reused
+  against every row panel of ``A``.
+* ``A`` is cut into MC x KC blocks copied into a contiguous buffer that stays in L2.
+* An MR x NR register tile of ``C`` is computed by a micro-kernel that keeps the whole tile in
+  vector registers: per ``k`` it loads one row of the ``B`` micro-panel, broadcasts MR elements of
+  ``A`` and does MR * NR / lanes fused multiply-adds.
+
+When ``B`` is a constant (weights) the packing happens here, at compile time, in :func:`pack_b`, and the
+kernel reads the packed array directly.
+
+Determinism: every output element is computed the same way whatever tile, kernel shape or task
+computes it -- for each K block (fixed per spec) an accumulator starts at zero, takes the K block's
+products in order with FMA (no FMA for ``generic``), and is then stored (first block) or added to C.
+So results are bit-identical for every ``ntasks`` and for every way the tiles are split.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import jinja2
+import numpy as np
+
+__all__ = ["GemmSpec", "IsaParams", "ISAS", "GemmPlan", "plan_gemm", "pack_b", "packed_b_shape",
+           "scratch_bytes", "render_gemm"]
+
+
+@dataclass(frozen=True)
+class IsaParams:
+    """Register-level facts about one instruction set that the blocking depends on."""
+
+    name: str
+    lanes: int  # floats per vector register
+    mr: int  # rows of the register tile
+    nv: int  # vectors per row of the register tile (NR = nv * lanes)
+    acc_budget: int  # how many accumulator registers a kernel may use without spilling
+    kc: int  # K block: a KC x NR micro-panel of B plus an MR x KC sliver of A fit in L1
+    mc: int  # M block: an MC x KC block of packed A fits in (half of) L2
+    nc: int  # N block: a KC x NC block of packed B fits in a share of L3
+
+    @property
+    def nr(self) -> int:
+        return self.nv * self.lanes
+
+
+# Block sizes are tuned for a 32 KiB L1d / 512 KiB L2 core (Zen 3, Skylake-SP and most recent Arm cores
+# have this or more).  avx2: 6x16 tile = 12 ymm accumulators + 2 for B + 1 broadcast of the 16 registers.
+# avx512: 12x32 = 24 zmm accumulators of 32.  neon: 8x12 = 24 q accumulators of 32.  generic: 4x8 with
+# 16-byte vectors, which any target (SSE2, NEON, or scalar fallback) handles.
+ISAS: dict[str, IsaParams] = {
+    "avx2": IsaParams("avx2", lanes=8, mr=6, nv=2, acc_budget=12, kc=256, mc=120, nc=3072),
+    "avx512": IsaParams("avx512", lanes=16, mr=12, nv=2, acc_budget=24, kc=256, mc=144, nc=3072),
+    "neon": IsaParams("neon", lanes=4, mr=8, nv=3, acc_budget=24, kc=256, mc=128, nc=3072),
+    "generic": IsaParams("generic", lanes=4, mr=4, nv=2, acc_budget=8, kc=256, mc=128, nc=3072),
+}
+
+
+@dataclass(frozen=True)
+class GemmSpec:
+    """One GEMM ``C[b] = A[b] @ B[b]`` with every size known at compile time.
+
+    ``*_batch_stride`` are in elements; 0 means the operand is shared by all batch entries (for
+    example constant weights multiplied with a batch of activations).
+    """
+
+    fn: str
+    m: int
+    n: int
+    k: int
+    batch: int = 1
+    a_batch_stride: int = 0
+    b_batch_stride: int = 0
+    c_batch_stride: int = 0
+    trans_a: bool = False
+    trans_b: bool = False
+    b_const: bool = False
+    isa: str = "avx2"
+
+    def __post_init__(self) -> None:
+        if not self.fn.isidentifier() or not self.fn.isascii():
+            raise ValueError(f"GemmSpec.fn must be a C identifier, got {self.fn!r}")
+        if min(self.m, self.n, self.k, self.batch) < 1:
+            raise ValueError(f"GEMM sizes must be >= 1: m={self.m} n={self.n} k={self.k} batch={self.batch}")
+        if min(self.a_batch_stride, self.b_batch_stride, self.c_batch_stride) < 0:
+            raise ValueError("batch strides must be >= 0")
+        if self.batch > 1 and self.c_batch_stride < self.m * self.n:
+            raise ValueError("c_batch_stride must be >= m * n when batch > 1 (outputs may not overlap)")
+        if self.isa not in ISAS:
+            raise ValueError(f"unknown isa {self.isa!r}; expected one of {sorted(ISAS)}")
+
+
+@dataclass(frozen=True)
+class GemmPlan:
+    """Every decision the generator takes for one spec; shared by pack_b, scratch_bytes and render."""
+
+    isa: IsaParams
+    kc: int  # K block (all blocks are kc long except possibly the last, which is shorter)
+    mc: int  # M block, a multiple of MR (or M itself when M <= MR)
+    nc: int  # N block, a multiple of NR
+    pack_a: bool  # copy A blocks into scratch (False: the kernel reads A in place)
+    direct_b: bool  # run-time B read in place (row-major, small M: every B element is used once)
+    split_m: bool  # tasks take row panels (True) or column panels (False)
+    a_floats: int  # scratch floats for one packed A block
+    b_floats: int  # scratch floats for one packed B block (or the zero-padded edge panel if direct_b)
+
+    @property
+    def task_floats(self) -> int:
+        """Scratch floats per task, rounded so every task's slice starts 64-byte aligned."""
+        return _round_up(self.a_floats, 16) + _round_up(self.b_floats, 16)
+
+
+def _round_up(x: int, m: int) -> int:
+    return (x + m - 1) // m * m
+
+
+def _ceil_div(x: int, m: int) -> int:
+    return (x + m - 1) // m
+
+
+def _balanced(total: int, cap: int, mult: int) -> int:
+    """Largest block <= cap (a multiple of mult) giving equal-ish blocks, so no tiny last block wastes a pass."""
+    if total <= cap:
+        return _round_up(total, mult)
+    nblocks = _ceil_div(total, cap)
+    return _round_up(_ceil_div(total, nblocks), mult)
+
+
+def plan_gemm(spec: GemmSpec) -> GemmPlan:
+    """Choose block sizes and code paths for ``spec`` (pure function of the spec)."""
+    isa = ISAS[spec.isa]
+    mr, nr = isa.mr, isa.nr
+    small_m = spec.m <= mr
+    # With one row panel, a B micro-panel is used exactly once, so K blocking buys no reuse: take all of
+    # K at once (fewer passes over C), unless B must be packed at run time (bounded scratch).
+    direct_b = small_m and not spec.b_const and not spec.trans_b
+    if small_m and (spec.b_const or direct_b):
+        kc = spec.k
+    else:
+        kc = _balanced(spec.k, isa.kc, 1)
+    mc = spec.m if small_m else min(_balanced(spec.m, isa.mc, mr), _round_up(spec.m, mr))
+    nc = min(_balanced(spec.n, isa.nc, nr), _round_up(spec.n, nr))
+    pack_a = not small_m
+    mslabs, nslabs = _ceil_div(spec.m, mr), _ceil_div(spec.n, nr)
+    if spec.b_const:
+        # Row split costs nothing extra (each task packs only its rows of A); prefer it when there are
+        # at least as many row panels as column panels so tasks stay balanced.
+        split_m = mslabs >= nslabs
+    else:
+        # Each task must pack what it reads itself: a row split repacks all of B per task, a column
+        # split all of A, so split the larger dimension and duplicate the smaller operand.
+        split_m = spec.m > spec.n and mslabs > 1
+    a_floats = mc * kc if pack_a else 0
+    if spec.b_const:
+        b_floats = 0
+    elif direct_b:
+        b_floats = kc * nr if spec.n % nr else 0
+    else:
+        b_floats = kc * nc
+    return GemmPlan(isa, kc, mc, nc, pack_a, direct_b, split_m, a_floats, b_floats)
+
+
+def packed_b_shape(spec: GemmSpec) -> tuple[int, int, int, int]:
+    """Shape of :func:`pack_b`'s result: (batches, panels, K, NR)."""
+    nr = ISAS[spec.isa].nr
+    nb = spec.batch if spec.b_batch_stride else 1
+    return (nb, _ceil_div(spec.n, nr), spec.k, nr)
+
+
+def pack_b(b: np.ndarray, spec: GemmSpec) -> np.ndarray:
+    """Pack a constant ``B`` into the layout the generated kernel reads (done once, at compile time).
+
+    ``b`` is B as stored: ``[K, N]`` (``[N, K]`` if ``trans_b``), or ``[batch, ...]`` of those when
+    ``b_batch_stride`` is non-zero (any array whose flat view holds batch entry ``i`` at offset
+    ``i * b_batch_stride`` is accepted).  The result is C-contiguous float32 of shape
+    ``packed_b_shape(spec)``: for each batch, for each NR-column panel, K rows of NR floats, with the
+    columns past N zero.  Panel-major over the whole K means the KC x NR micro-panel the kernel wants
+    for any K block is contiguous, and the layout does not depend on the block sizes.
+    """
+    nb, npan, k, nr = packed_b_shape(spec)
+    flat = np.ascontiguousarray(b, dtype=np.float32).reshape(-1)
+    need = (nb - 1) * spec.b_batch_stride + k * spec.n
+    if flat.size < need:
+        raise ValueError(f"pack_b: B has {flat.size} elements, spec needs at least {need}")
+    out = np.zeros((nb, npan, k, nr), dtype=np.float32)
+    for i in range(nb):
+        off = i * spec.b_batch_stride
+        mat = flat[off:off + k * spec.n]
+        kn = mat.reshape(spec.n, k).T if spec.trans_b else mat.reshape(k, spec.n)
+        padded = np.zeros((k, npan * nr), dtype=np.float32)
+        padded[:, :spec.n] = kn
+        out[i] = padded.reshape(k, npan, nr).transpose(1, 0, 2)
+    return out
+
+
+def scratch_bytes(spec: GemmSpec, ntasks: int) -> int:
+    """Bytes of scratch for ``ntasks`` concurrent tasks (each gets a 64-byte aligned slice).
+
+    Scratch holds the packed A block and, when B is not a packed constant, the packed B block.
+    """
+    if ntasks < 1:
+        raise ValueError("ntasks must be >= 1")
+    return plan_gemm(spec).task_floats * 4 * ntasks
+
+
+def _template_dirs() -> list[str]:
+    """Where gemm.c.j2 lives: the repo's templates/ in a checkout, aotc/templates when installed."""
+    here = Path(__file__).resolve().parent
+    return [str(p) for p in (here.parent / "templates", here.parents[1] / "templates") if p.is_dir()]
+
+
+@lru_cache(maxsize=1)
+def _env() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(_template_dirs()),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+
+
+def render_gemm(spec: GemmSpec, epilogue: str = "", extra_params: str = "") -> str:
+    """C source for ``spec``: the static function ``spec.fn`` plus its static inline helpers.
+
+    The helpers (micro-kernels) are prefixed with ``spec.fn`` so several GEMMs can share one
+    translation unit.  ``epilogue`` is a C statement run once per output element after its final value
+    is known (reads ``b``, ``i``, ``j``; updates ``float v``); ``extra_params`` is appended verbatim to
+    the parameter list so the epilogue can name extra inputs.
+    """
+    plan = plan_gemm(spec)
+    isa = plan.isa
+    mr, nr = isa.mr, isa.nr
+    small_m = spec.m <= mr
+    # Rows left after the full MR panels of the last M block: handled by a shorter kernel, which can
+    # cover several NR panels at once because it needs fewer accumulators per panel.
+    me = spec.m % mr
+    np_e = max(1, min(6, isa.acc_budget // (me * isa.nv))) if me else 1
+    ne = spec.n % nr
+    # A addressing: element (r, p) of a row panel is a[r * ars + p * aks].
+    if plan.pack_a:
+        ars, aks = (1, mr) if spec.trans_a else (plan.kc, 1)
+    else:
+        ars, aks = (1, spec.m) if spec.trans_a else (spec.k, 1)
+    # B addressing: element (p, lane) of panel q is b[q * bps + p * bks + lane].
+    if spec.b_const:
+        bps, bks = spec.k * nr, nr
+    elif plan.direct_b:
+        bps, bks = nr, spec.n
+    else:
+        bps, bks = plan.kc * nr, nr
+    kernels = []  # (name suffix, rows, panels, bps, bks)
+    if spec.m >= mr:
+        kernels.append(("main", mr, 1, bps, bks))
+    if me:
+        kernels.append(("edge", me, np_e, bps, bks))
+        if np_e > 1:
+            kernels.append(("edge1", me, 1, bps, bks))
+    if plan.direct_b and ne:
+        # The partial last panel is copied into a zero-padded packed panel, read with packed strides.
+        if spec.m >= mr:
+            kernels.append(("mainp", mr, 1, plan.kc * nr, nr))
+        if me:
+            kernels.append(("edgep", me, 1, plan.kc * nr, nr))
+    nb_packed = packed_b_shape(spec)
+    ctx = dict(
+        spec=spec, plan=plan, isa=isa, mr=mr, nr=nr, lanes=isa.lanes, nv=isa.nv,
+        M=spec.m, N=spec.n, K=spec.k, KC=plan.kc, MC=plan.mc, NC=plan.nc,
+        me=me, np_e=np_e, ne=ne, small_m=small_m, ars=ars, aks=aks, bps=bps, bks=bks,
+        kernels=kernels,
+        mslabs=_ceil_div(spec.m, mr), nslabs=_ceil_div(spec.n, nr),
+        packed_b_batch=(nb_packed[1] * nb_packed[2] * nb_packed[3]) if spec.b_batch_stride else 0,
+        epilogue=epilogue.strip(), extra_params=extra_params,
+    )
+    return _env().get_template("gemm.c.j2").render(**ctx)

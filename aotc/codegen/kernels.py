@@ -1,0 +1,239 @@
+"""From a fused kernel to one C function with the uniform kernel signature
+
+    void NAME_kI(void *const *args, size_t task, size_t ntasks);
+
+``args`` holds the buffers the kernel reads and writes (in the order of ``KernelSource.args``); a
+kernel computes only its share ``task`` of ``ntasks`` of the work, so a caller may run the shares
+on several threads. The uniform signature keeps the run function and any thread pool trivial.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from aotc.codegen import gemm as gemm_gen
+from aotc.codegen.loops import _Emitter, _identity, emit_loop_kernel
+from aotc.errors import AotcError
+from aotc.ir import dtypes
+from aotc.ir.graph import Graph, Value
+from aotc.ops import OPS
+from aotc.passes.fuse import Kernel
+
+
+@dataclass
+class KernelSource:
+    fn: str
+    code: str                       # the C definition(s)
+    args: list[tuple[Value, str]]   # (value, "in" | "out"); scratch, if any, comes last
+    scratch: bool = False
+    notes: list[str] = field(default_factory=list)
+
+
+def _declare(args: list[tuple[Value, str]], names: list[str], scratch: bool) -> str:
+    lines = []
+    for i, ((v, role), name) in enumerate(zip(args, names, strict=True)):
+        t = dtypes.c_type(v.dtype)
+        const = "const " if role == "in" else ""
+        lines.append(f"  {const}{t} *restrict {name} = ({const}{t} *)args[{i}];")
+    if scratch:
+        lines.append(f"  float *restrict scratch = (float *)args[{len(args)}];")
+    else:
+        lines.append("  float *scratch = 0; (void)scratch;")
+    return "\n".join(lines)
+
+
+def _function(fn: str, k: Kernel, args: list[tuple[Value, str]], names: list[str], body: str,
+              scratch: bool = False, helpers: str = "") -> KernelSource:
+    used = [(a, n) for a, n in zip(args, names, strict=True) if re.search(rf"\b{n}\b", body)]
+    args = [a for a, _ in used]
+    names = [n for _, n in used]
+    uses_task = re.search(r"\btask\b", body) is not None
+    code = (f"{helpers}/* {k.name}: {' + '.join(k.ops)} */\n"
+            f"void {fn}(void *const *args, size_t task, size_t ntasks) {{\n"
+            f"{_declare(args, names, scratch)}\n"
+            + ("" if uses_task else "  (void)task; (void)ntasks;\n")
+            + "  " + body.replace("\n", "\n  ") + "\n}\n")
+    return KernelSource(fn, code, args, scratch)
+
+
+def _external(k: Kernel) -> tuple[list[tuple[Value, str]], list[str], dict[int, str]]:
+    args: list[tuple[Value, str]] = []
+    names: list[str] = []
+    ptrs: dict[int, str] = {}
+    for i, v in enumerate(k.inputs):
+        args.append((v, "in"))
+        names.append(f"in{i}")
+        ptrs[id(v)] = f"in{i}"
+    for i, v in enumerate(k.outputs):
+        args.append((v, "out"))
+        names.append(f"out{i}")
+        ptrs[id(v)] = f"out{i}"
+    return args, names, ptrs
+
+
+def gemm_spec(k: Kernel, isa: str, fn: str = "gemm") -> gemm_gen.GemmSpec | None:
+    """The GEMM template's spec for a float32 MatMul kernel; None when the naive loop is used."""
+    mm = k.gemm
+    assert mm is not None
+    a, b = mm.inputs[0], mm.inputs[1]
+    out = mm.outputs[0]
+    if out.dtype != np.float32 or len(a.shape) < 2 or len(b.shape) < 2:
+        return None
+    m, kk = a.shape[-2:]
+    n = b.shape[-1]
+    nb = int(np.prod(out.shape[:-2]))
+    strides = []
+    for x, per in ((a, m * kk), (b, kk * n)):
+        xb = int(np.prod(x.shape[:-2]))
+        if xb == nb and tuple(x.shape[:-2]) == tuple(out.shape[len(out.shape) - len(x.shape):-2]) \
+                and len(x.shape) == len(out.shape):
+            strides.append(per if nb > 1 else 0)
+        elif xb == 1:
+            strides.append(0)
+        else:
+            return None
+    return gemm_gen.GemmSpec(fn=fn, m=m, n=n, k=kk, batch=nb, a_batch_stride=strides[0],
+                             b_batch_stride=strides[1], c_batch_stride=m * n if nb > 1 else 0,
+                             b_const=b.is_const, isa=isa)
+
+
+def scratch_bytes(k: Kernel, isa: str, ntasks: int) -> int:
+    if k.kind != "gemm":
+        return 0
+    spec = gemm_spec(k, isa)
+    return 0 if spec is None else gemm_gen.scratch_bytes(spec, ntasks)
+
+
+def emit_kernel(k: Kernel, fn: str, isa: str) -> KernelSource:
+    if k.kind == "loop":
+        args, names, ptrs = _external(k)
+        return _function(fn, k, args, names, emit_loop_kernel(k, ptrs))
+    if k.kind == "gemm":
+        return _emit_gemm(k, fn, isa)
+    node = k.root
+    op = OPS[node.op]
+    if op.emit is None:
+        raise AotcError(f"{node.op} node {node.name!r}: no kernel for this op")
+    ins = [v for v in node.inputs if v is not None]
+    args = [(v, "in") for v in ins] + [(v, "out") for v in node.outputs]
+    names = [f"in{i}" for i in range(len(ins))] + [f"out{i}" for i in range(len(node.outputs))]
+    body = op.emit(node, names[:len(ins)], names[len(ins):], dtypes.c_type(node.outputs[0].dtype))
+    return _function(fn, k, args, names, body)
+
+
+def _emit_gemm(k: Kernel, fn: str, isa: str) -> KernelSource:
+    mm = k.gemm
+    assert mm is not None
+    a, b = mm.inputs[0], mm.inputs[1]
+    out = k.outputs[0]
+    spec = gemm_spec(k, isa, fn=f"{fn}_gemm")
+    args, names, ptrs = _external(k)
+    if spec is None:
+        return _naive_matmul(k, fn, args, names, ptrs)
+    epi_lines, epi_params = _epilogue(k, ptrs)
+    gemm_args = []
+    if spec.b_const:
+        packed = Graph.constant(gemm_gen.pack_b(b.const, spec), f"{b.name}_packed")
+        args.append((packed, "in"))
+        names.append("in_packed")
+        b_name = "in_packed"
+    else:
+        b_name = ptrs[id(b)]
+    gemm_args = [ptrs[id(a)], b_name, ptrs[id(out)], "scratch", "task", "ntasks"]
+    if epi_lines is None:
+        helpers = gemm_gen.render_gemm(spec)
+        body = f"{spec.fn}({', '.join(gemm_args)});"
+    else:
+        helpers = gemm_gen.render_gemm(spec, epilogue=" ".join(epi_lines),
+                                       extra_params="".join(f", {p}" for p, _ in epi_params))
+        body = f"{spec.fn}({', '.join(gemm_args + [n for _, n in epi_params])});"
+    src = _function(fn, k, args, names, body, scratch=gemm_gen.scratch_bytes(spec, 1) > 0,
+                    helpers=helpers + "\n")
+    return src
+
+
+def _epilogue(k: Kernel, ptrs: dict[int, str]) -> tuple[list[str] | None, list[tuple[str, str]]]:
+    """The elementwise chain after the MatMul as a statement on ``v`` at (b, i, j), or None if none."""
+    mm = k.gemm
+    out = k.outputs[0]
+    if len(k.nodes) == 1:
+        return None, []
+    rank = len(out.shape)
+    em = _Emitter(k, ptrs, rank)
+    em.memo[(id(mm.outputs[0]), _identity(rank), "epilogue")] = "v"
+    root = em.value(out, _identity(rank), "epilogue")
+    extents = list(out.shape)
+    loop_var = {rank - 1: "j", rank - 2: "i"}
+    params: list[tuple[str, str]] = []
+    seen: set[str] = set()
+
+    def addr(acc) -> str:
+        terms = [str(acc.base)] if acc.base else []
+        batch = list(range(rank - 2))
+        for d in batch[:-1]:
+            if acc.coeffs[d] != acc.coeffs[d + 1] * extents[d + 1]:
+                raise _NotAffine
+        if batch and acc.coeffs[batch[-1]]:
+            terms.append(f"{acc.coeffs[batch[-1]]} * b")
+        for d, name in loop_var.items():
+            if acc.coeffs[d]:
+                terms.append(name if acc.coeffs[d] == 1 else f"{acc.coeffs[d]} * {name}")
+        if acc.ptr not in seen:
+            seen.add(acc.ptr)
+            v = next(x for x in k.inputs if ptrs[id(x)] == acc.ptr)
+            params.append((f"const {dtypes.c_type(v.dtype)} *restrict {acc.ptr}", acc.ptr))
+        return f"{acc.ptr}[{' + '.join(terms) or '0'}]"
+
+    try:
+        lines = []
+        for line in em.sections["epilogue"]:
+            parts = line.split("@")
+            lines.append("".join(addr(em.accesses[int(p)]) if i % 2 else p for i, p in enumerate(parts)))
+    except _NotAffine:
+        raise AotcError("internal: GEMM epilogue with a non-collapsible batch broadcast") from None
+    lines.append(f"v = {root};")
+    if rank == 2:
+        lines.insert(0, "(void)b;")
+    return ["{", *lines, "}"], params
+
+
+class _NotAffine(Exception):
+    pass
+
+
+def _naive_matmul(k: Kernel, fn: str, args, names, ptrs) -> KernelSource:
+    """MatMul for non-float32 dtypes and unusual broadcasts: a plain triple loop."""
+    mm = k.gemm
+    assert mm is not None and len(k.nodes) == 1, "epilogue fusion requires the GEMM template"
+    a, b = mm.inputs[0], mm.inputs[1]
+    out = mm.outputs[0]
+    a2 = (1, *a.shape) if len(a.shape) == 1 else a.shape
+    b2 = (*b.shape, 1) if len(b.shape) == 1 else b.shape
+    m, kk, n = a2[-2], a2[-1], b2[-1]
+    batch = tuple(np.broadcast_shapes(a2[:-2], b2[:-2]))
+    nb = int(np.prod(batch))
+    t = dtypes.c_type(out.dtype)
+
+    def offsets(shape: tuple[int, ...], per: int) -> list[int]:
+        idx = np.arange(int(np.prod(shape))).reshape(shape) if shape else np.array(0)
+        return (np.broadcast_to(idx, batch).reshape(-1) * per).tolist() if batch else [0]
+
+    a_off, b_off = offsets(a2[:-2], m * kk), offsets(b2[:-2], kk * n)
+    table = (f"static const size_t {fn}_aoff[{nb}] = {{{', '.join(map(str, a_off))}}};\n"
+             f"static const size_t {fn}_boff[{nb}] = {{{', '.join(map(str, b_off))}}};\n")
+    pa, pb, po = ptrs[id(a)], ptrs[id(b)], ptrs[id(out)]
+    body = (f"for (size_t bi = task; bi < {nb}; bi += ntasks)\n"
+            f"  for (size_t i = 0; i < {m}; i++)\n"
+            f"    for (size_t j = 0; j < {n}; j++) {{\n"
+            f"      {t} s = 0;\n"
+            f"      for (size_t p = 0; p < {kk}; p++) s += {pa}[{fn}_aoff[bi] + i * {kk} + p] * "
+            f"{pb}[{fn}_boff[bi] + p * {n} + j];\n"
+            f"      {po}[bi * {m * n} + i * {n} + j] = s;\n"
+            f"    }}")
+    return _function(fn, k, args, names, body, helpers=table)
+
+
+

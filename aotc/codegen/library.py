@@ -1,0 +1,174 @@
+"""Writes a compiled graph out as C: header, run function, kernel sources, the weights blob and
+the build file. Everything here is deterministic: the same graph gives byte-identical files."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import jinja2
+import numpy as np
+
+from aotc import __version__
+from aotc.codegen.kernels import KernelSource, emit_kernel
+from aotc.codegen.names import Mangler, c_string, comment
+from aotc.ir import dtypes
+from aotc.ir.graph import Graph, Value
+from aotc.passes.fuse import storage_root
+from aotc.resources import runtime_dir, templates_dir
+
+API = '__attribute__((visibility("default"))) '
+KERNELS_PER_FILE = 24
+
+
+@lru_cache(maxsize=1)
+def env() -> jinja2.Environment:
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates_dir())),
+                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+
+
+@dataclass
+class TensorInfo:
+    name: str
+    param: str
+    dtype: str
+    ctype: str
+    shape: list[int]
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def comment_name(self) -> str:
+        return comment(self.name)
+
+    @property
+    def c_string(self) -> str:
+        return c_string(self.name)
+
+    @property
+    def dtype_code(self) -> int:
+        return dtypes.DTYPE_CODES[self.dtype]
+
+
+@dataclass
+class Library:
+    """The generated files (name -> content) plus what the bindings and summaries need."""
+
+    name: str
+    files: dict[str, bytes] = field(default_factory=dict)
+    inputs: list[TensorInfo] = field(default_factory=list)
+    outputs: list[TensorInfo] = field(default_factory=list)
+    kernels: list[KernelSource] = field(default_factory=list)
+    workspace_bytes: int = 0
+    consts_bytes: int = 0
+
+
+class _Blob:
+    """Constants laid out in one 64-byte-aligned blob, in first-use order."""
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+        self.size = 0
+        self.offsets: dict[int, int] = {}
+
+    def offset(self, v: Value) -> int:
+        if id(v) not in self.offsets:
+            pad = (-self.size) % 64
+            self.parts.append(b"\0" * pad)
+            self.size += pad
+            self.offsets[id(v)] = self.size
+            data = np.ascontiguousarray(v.const).astype(v.const.dtype.newbyteorder("<")).tobytes()
+            self.parts.append(data)
+            self.size += len(data)
+        return self.offsets[id(v)]
+
+    def data(self) -> bytes:
+        return b"".join(self.parts)
+
+
+def generate(graph: Graph, name: str, input_names: list[str], output_names: list[str],
+             source: str) -> Library:
+    lib = Library(name)
+    mangle = Mangler()
+    mangle.used.update({"workspace", "inputs", "outputs", "in", "out", "ws", "i"})
+    for names, values, dest in ((input_names, graph.inputs, lib.inputs),
+                                (output_names, graph.outputs, lib.outputs)):
+        for n, v in zip(names, values, strict=True):
+            dest.append(TensorInfo(n, mangle(n), dtypes.dtype_name(v.dtype), dtypes.c_type(v.dtype),
+                                   list(v.shape)))
+    plan = graph.memory
+    lib.workspace_bytes = plan.workspace_bytes
+    blob = _Blob()
+    in_index = {id(v): i for i, v in enumerate(graph.inputs)}
+    out_index = {id(storage_root(v)): i for i, v in enumerate(graph.outputs)}
+
+    def pointer(v: Value) -> str:
+        root = storage_root(v)
+        t = dtypes.c_type(v.dtype)
+        if root.is_const:
+            return f"(void *)({name}_consts + {blob.offset(root)})"
+        if id(root) in in_index:
+            return f"(void *)inputs[{in_index[id(root)]}]"
+        if id(root) in out_index:
+            return f"outputs[{out_index[id(root)]}]"
+        return f"(void *)(ws + {plan.buffers[id(root)].offset}) /* {comment(v.name, 40)} {t} */"
+
+    calls = []
+    for k in graph.kernels:
+        src = emit_kernel(k, f"{name}_{k.name}", graph.isa)
+        lib.kernels.append(src)
+        args = [pointer(v) for v, _ in src.args]
+        if src.scratch:
+            args.append(f"(void *)(ws + {plan.scratch[k.index].offset}) /* scratch */")
+        calls.append({"fn": src.fn, "args": args, "comment": comment(f"{k.name}: {' + '.join(k.ops)}", 100)})
+
+    common = {"name": name, "version": __version__, "api": API}
+    files: dict[str, str | bytes] = {}
+    files[f"{name}.h"] = env().get_template("header.h.j2").render(
+        **common, source=comment(source, 60), inputs=lib.inputs, outputs=lib.outputs,
+        workspace_bytes=lib.workspace_bytes)
+    files[f"{name}.c"] = env().get_template("model.c.j2").render(
+        **common, inputs=lib.inputs, outputs=lib.outputs, calls=calls)
+    for start in range(0, len(lib.kernels), KERNELS_PER_FILE):
+        fname = f"{name}_kernels_{start // KERNELS_PER_FILE}.c"
+        files[fname] = env().get_template("kernels.c.j2").render(
+            **common, file=fname, kernels=[s.code for s in lib.kernels[start:start + KERNELS_PER_FILE]])
+    lib.consts_bytes = blob.size
+    files[f"{name}_internal.h"] = env().get_template("internal.h.j2").render(
+        **common, has_consts=blob.size > 0, consts_bytes=blob.size, kernels=[s.fn for s in lib.kernels])
+    if blob.size:
+        files[f"{name}_consts.bin"] = blob.data()
+        files[f"{name}_consts.S"] = env().get_template("consts.S.j2").render(**common)
+    for header in ("aotc_math.h", "aotc_rows.h"):
+        files[header] = (runtime_dir() / header).read_text()
+    lib.files = {k: v.encode() if isinstance(v, str) else v for k, v in files.items()}
+    return lib
+
+
+def metadata(lib: Library, graph: Graph, extra: dict) -> str:
+    """The JSON the Python bindings and ``aotc inspect`` read (also a compile summary)."""
+    plan = graph.memory
+    data = {
+        "name": lib.name,
+        "aotc_version": __version__,
+        "inputs": [{"name": t.name, "dtype": t.dtype, "shape": t.shape} for t in lib.inputs],
+        "outputs": [{"name": t.name, "dtype": t.dtype, "shape": t.shape} for t in lib.outputs],
+        "workspace_bytes": lib.workspace_bytes,
+        "intermediate_bytes": plan.intermediate_bytes,
+        "constants_bytes": lib.consts_bytes,
+        "kernels": [{"name": k.name, "kind": k.kind, "ops": k.ops,
+                     "reads": [v.name for v in k.inputs], "writes": [v.name for v in k.outputs]}
+                    for k in graph.kernels],
+        "num_kernels": len(graph.kernels),
+        **extra,
+    }
+    return json.dumps(data, indent=1, sort_keys=True) + "\n"
+
+
+def cdef(name: str) -> str:
+    """Declarations for cffi (no preprocessor there): the untyped entry points the bindings use."""
+    return (f"int {name}_run_v(const void *const *inputs, void *const *outputs, void *workspace);\n"
+            f"size_t {name}_workspace_size(void);\n")

@@ -1,0 +1,253 @@
+"""Writing fused loop kernels (elementwise, views, one reduction) as C loop nests.
+
+Every value in a kernel is computed from an *index map*: for each of its dimensions, which loop it
+follows, with what scale and offset (see ``aotc.ops.shape.IndexMap``). Broadcasts, transposes and
+slices only change index maps, so fusing them costs nothing; a value read from memory becomes an
+affine address ``base + sum(coeff_l * i_l)``. Once all addresses are known, adjacent loops that every
+address walks contiguously are merged, so an elementwise kernel over same-shaped tensors becomes one
+flat, vectorizable loop.
+
+Reductions accumulate into LANES independent partial results (combined pairwise at the end): the
+compiler vectorizes that without -ffast-math, and the result does not depend on the target ISA.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from aotc.ir import dtypes
+from aotc.ir.graph import Value
+from aotc.ops import OPS
+from aotc.ops.common import c_literal, highest, lowest
+from aotc.ops.elementwise import math_fn
+from aotc.ops.reduce import reduce_axes
+from aotc.ops.shape import IndexMap, broadcast_view
+from aotc.passes.fuse import Kernel
+
+LANES = 16
+
+
+@dataclass
+class Access:
+    ptr: str
+    base: int
+    coeffs: list[int]
+
+
+def contiguous_strides(shape: tuple[int, ...]) -> list[int]:
+    strides, acc = [], 1
+    for d in reversed(shape):
+        strides.append(acc)
+        acc *= d
+    return strides[::-1]
+
+
+class _Emitter:
+    def __init__(self, kernel: Kernel, ptrs: dict[int, str], nloops: int) -> None:
+        self.inside = {id(n) for n in kernel.nodes}
+        self.kernel = kernel
+        self.ptrs = ptrs
+        self.nloops = nloops
+        self.accesses: list[Access] = []
+        self.sections: dict[str, list[str]] = {"body": [], "epilogue": []}
+        self.memo: dict[tuple, str] = {}
+        self.reduced_value: str | None = None
+        self.ntemps = 0
+
+    def access(self, v: Value, ptr: str, imap: IndexMap) -> int:
+        coeffs = [0] * self.nloops
+        base = 0
+        for stride, (loop, scale, off) in zip(contiguous_strides(v.shape), imap, strict=True):
+            base += stride * off
+            if loop >= 0:
+                coeffs[loop] += stride * scale
+        self.accesses.append(Access(ptr, base, coeffs))
+        return len(self.accesses) - 1
+
+    def value(self, v: Value, imap: IndexMap, section: str) -> str:
+        key = (id(v), imap, section)
+        if key in self.memo:
+            return self.memo[key]
+        ctype = dtypes.c_type(v.dtype)
+        p = v.producer
+        if v.is_const and v.size == 1:
+            res = c_literal(v.const.reshape(-1)[0].item(), ctype)
+            self.memo[key] = res
+            return res
+        if p is not None and not v.is_const and id(p) in self.inside:
+            op = OPS[p.op]
+            if p is self.kernel.reduce:
+                assert self.reduced_value is not None
+                return self.reduced_value
+            if op.kind == "view":
+                res = self.value(p.inputs[0], op.view(p, imap), section)
+                self.memo[key] = res
+                return res
+            assert op.kind == "elementwise" and op.expr is not None, p.op
+            args = [self.value(x, broadcast_view(x.shape, v.shape, imap), section) if x is not None else "0"
+                    for x in p.inputs]
+            expr = op.expr(p, args, ctype)
+        else:
+            expr = f"@{self.access(v, self.ptrs[id(v)], imap)}@"
+        name = f"t{self.ntemps}"
+        self.ntemps += 1
+        self.sections[section].append(f"const {ctype} {name} = {expr};")
+        self.memo[key] = name
+        return name
+
+
+def _identity(rank: int) -> IndexMap:
+    return tuple((d, 1, 0) for d in range(rank))
+
+
+def emit_loop_kernel(k: Kernel, ptrs: dict[int, str]) -> str:
+    """C statements for the kernel body; ``ptrs`` names the pointer of every value in memory."""
+    out = k.outputs[0]
+    red = k.reduce
+    if red is not None:
+        x = red.inputs[0]
+        axes = reduce_axes(red)
+        kept = [d for d in range(len(x.shape)) if d not in axes]
+        order = kept + axes
+        extents = [x.shape[d] for d in order]
+        body_map = tuple((order.index(d), 1, 0) for d in range(len(x.shape)))
+        if red.attr("keepdims", 1):
+            out_map = tuple((-1, 0, 0) if d in axes else (order.index(d), 1, 0) for d in range(len(x.shape)))
+        else:
+            out_map = tuple((j, 1, 0) for j in range(len(kept)))
+        n_kept = len(kept)
+    else:
+        extents = list(out.shape)
+        out_map = _identity(len(out.shape))
+        n_kept = len(extents)
+
+    em = _Emitter(k, ptrs, len(extents))
+    rule = red and OPS[red.op].reduction
+    if red is not None:
+        assert rule is not None
+        rtype = dtypes.c_type(red.outputs[0].dtype)
+        xv = em.value(red.inputs[0], body_map, "body")
+        em.reduced_value = "red"
+    root_val = em.value(out, out_map, "epilogue")
+    store = em.access(out, ptrs[id(out)], out_map)
+
+    # Merge loops that every access walks contiguously; drop loops of extent 1.
+    groups = _collapse(extents, n_kept, em.accesses)
+    kept_groups = [g for g in groups if g[0] < n_kept]
+    red_groups = [g for g in groups if g[0] >= n_kept]
+    var: dict[int, str] = {}
+    for j, g in enumerate(kept_groups):
+        var[g[-1]] = f"i{j}"
+    for j, g in enumerate(red_groups):
+        var[g[-1]] = f"r{j}"
+
+    def ext(g: list[int]) -> int:
+        return int(np.prod([extents[x] for x in g]))
+
+    def addr(a: Access) -> str:
+        terms = [str(a.base)] if a.base else []
+        for g in groups:
+            c = a.coeffs[g[-1]]
+            if c:
+                terms.append(var[g[-1]] if c == 1 else f"{c} * {var[g[-1]]}")
+        return f"{a.ptr}[{' + '.join(terms) or '0'}]"
+
+    def render(lines: list[str]) -> list[str]:
+        res = []
+        for line in lines:
+            parts = line.split("@")
+            res.append("".join(addr(em.accesses[int(p)]) if i % 2 else p for i, p in enumerate(parts)))
+        return res
+
+    body, epilogue = render(em.sections["body"]), render(em.sections["epilogue"])
+    code: list[str] = []
+    indent = ""
+
+    def open_loop(name: str, lo: str, hi: str, pragma: bool = False) -> None:
+        nonlocal indent
+        if pragma:
+            code.append(indent + "#pragma GCC ivdep")
+        code.append(f"{indent}for (size_t {name} = {lo}; {name} < {hi}; {name}++) {{")
+        indent += "  "
+
+    if kept_groups:
+        e0 = ext(kept_groups[0])
+        code.append(f"const size_t lo = (size_t){e0} * task / ntasks, hi = (size_t){e0} * (task + 1) / ntasks;")
+        open_loop(var[kept_groups[0][-1]], "lo", "hi", pragma=len(kept_groups) == 1 and red is None)
+        for j, g in enumerate(kept_groups[1:], start=1):
+            open_loop(var[g[-1]], "0", str(ext(g)), pragma=j == len(kept_groups) - 1 and red is None)
+    else:
+        code.append("if (task != 0) return;")
+        code.append("{")
+        indent = "  "
+    if red is not None:
+        assert rule is not None
+        fmt = {"lowest": lowest(rtype), "highest": highest(rtype), "sqrt": math_fn("sqrt", rtype),
+               "log": math_fn("log", rtype), "exp": math_fn("exp", rtype)}
+        init = rule.init.format(**fmt)
+        n_red = int(np.prod([extents[d] for d in range(n_kept, len(extents))]))
+
+        def combine(a: str, b: str) -> str:
+            return rule.combine.format(a=a, b=b)
+        pre_r = rule.pre.format(x=xv, **fmt)
+        lanes = LANES if red_groups and ext(red_groups[-1]) >= LANES else 1
+        code.append(f"{indent}{rtype} acc[{lanes}];")
+        code.append(f"{indent}for (size_t l = 0; l < {lanes}; l++) acc[l] = {init};")
+        outer_indent = indent
+        for g in red_groups[:-1]:
+            open_loop(var[g[-1]], "0", str(ext(g)))
+        inner = [indent + "  " + s for s in body]
+        if red_groups:
+            rv, e = var[red_groups[-1][-1]], ext(red_groups[-1])
+            if lanes > 1:
+                code.append(f"{indent}size_t {rv}b = 0;")
+                code.append(f"{indent}for (; {rv}b + {lanes} <= {e}; {rv}b += {lanes}) {{")
+                code.append(f"{indent}  for (size_t l = 0; l < {lanes}; l++) {{")
+                code.append(f"{indent}    const size_t {rv} = {rv}b + l;")
+                code += ["  " + s for s in inner]
+                code.append(f"{indent}    acc[l] = {combine('acc[l]', pre_r)};")
+                code.append(f"{indent}  }}")
+                code.append(f"{indent}}}")
+                code.append(f"{indent}for (; {rv}b < {e}; {rv}b++) {{")
+            else:
+                code.append(f"{indent}for (size_t {rv}b = 0; {rv}b < {e}; {rv}b++) {{")
+            code.append(f"{indent}  const size_t {rv} = {rv}b;")
+            code += inner
+            code.append(f"{indent}  acc[0] = {combine('acc[0]', pre_r)};")
+            code.append(f"{indent}}}")
+        else:
+            code += [indent + s for s in body]
+            code.append(f"{indent}acc[0] = {combine('acc[0]', pre_r)};")
+        for _ in red_groups[:-1]:
+            indent = indent[:-2]
+            code.append(indent + "}")
+        indent = outer_indent
+        w = lanes // 2
+        while w >= 1:
+            code.append(f"{indent}for (size_t l = 0; l < {w}; l++) acc[l] = {combine('acc[l]', f'acc[l + {w}]')};")
+            w //= 2
+        post = rule.post.format(acc="acc[0]", n=c_literal(n_red, rtype), **fmt)
+        code.append(f"{indent}const {rtype} red = {post};")
+    code += [indent + s for s in epilogue]
+    code.append(f"{indent}{addr(em.accesses[store])} = {root_val};")
+    while indent:
+        indent = indent[:-2]
+        code.append(indent + "}")
+    return "\n".join(code)
+
+
+def _collapse(extents: list[int], n_kept: int, accesses: list[Access]) -> list[list[int]]:
+    """Group loop indices into runs that can be one loop (kept and reduced loops never mix)."""
+    live = [d for d, e in enumerate(extents) if e != 1]
+    groups: list[list[int]] = []
+    for d in live:
+        if groups:
+            prev = groups[-1][-1]
+            same_class = (prev < n_kept) == (d < n_kept)
+            if same_class and all(a.coeffs[prev] == a.coeffs[d] * extents[d] for a in accesses):
+                groups[-1].append(d)
+                continue
+        groups.append([d])
+    return groups

@@ -1,0 +1,135 @@
+"""The compile driver: model file -> IR -> passes -> C -> built library (+ metadata, depfile)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import onnx
+
+from aotc.build import write_and_build, write_if_changed
+from aotc.codegen.library import Library, cdef, generate, metadata
+from aotc.codegen.names import check_model_name
+from aotc.config import Config, load_config
+from aotc.frontends.onnx import import_onnx, load_model
+from aotc.ir.graph import Graph
+from aotc.passes.pipeline import run_passes
+from aotc.passes.prune import apply_config
+from aotc.resources import runtime_dir, templates_dir
+from aotc.target import resolve
+
+
+@dataclass
+class CompileResult:
+    out_dir: Path
+    name: str
+    library: Library
+    graph: Graph
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def num_kernels(self) -> int:
+        return len(self.graph.kernels)
+
+    @property
+    def prefix(self) -> Path:
+        return self.out_dir / self.name
+
+
+def compile_model(model: str | Path | onnx.ModelProto, out_dir: str | Path, name: str,
+                  config: str | Path | Config | None = None,
+                  input_shapes: dict[str, tuple[int, ...]] | None = None,
+                  target_cpu: str = "native", dump_to: str | Path | None = None,
+                  depfile: str | Path | None = None, extra_cflags: list[str] | None = None,
+                  log: Callable[[str], None] | None = None) -> CompileResult:
+    """Compile ``model`` into ``out_dir``: NAME.h, libNAME.a, libNAME.so and NAME.json."""
+    check_model_name(name)
+    target = resolve(target_cpu)
+    out = Path(out_dir)
+    times: dict[str, float] = {}
+    say = log or (lambda _msg: None)
+
+    t0 = time.perf_counter()
+    say("import")
+    proto = model if isinstance(model, onnx.ModelProto) else load_model(model)
+    cfg = load_config(config) if isinstance(config, (str, Path)) else config
+    shapes = dict(input_shapes or {})
+    graph = import_onnx(proto, shapes, name)
+    if cfg is not None:
+        apply_config(graph, cfg)
+    input_names = [v.name for v in graph.inputs]
+    output_names = [v.name for v in graph.outputs]
+    graph.isa = target.isa
+    times["import"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    run_passes(graph, dump_dir=Path(dump_to) if dump_to else None, log=say)
+    times["passes"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    say(f"codegen: {len(graph.kernels)} kernels")
+    source = model.name if isinstance(model, Path) else str(model) if isinstance(model, str) else "<model>"
+    lib = generate(graph, name, input_names, output_names, Path(source).name)
+    times["codegen"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    say("C compilation")
+    write_and_build(lib, out, target.flags, extra_cflags)
+    times["c_compile"] = time.perf_counter() - t0
+
+    info = {"target_cpu": target.cpu, "isa": target.isa,
+            "memory": graph.memory.summary()}
+    write_if_changed(out / f"{name}.json", metadata(lib, graph, info).encode())
+    write_if_changed(out / f"{name}.cdef", cdef(name).encode())
+    if dump_to:
+        for fname, data in lib.files.items():
+            if fname.endswith((".c", ".h")):
+                write_if_changed(Path(dump_to) / fname, data)
+    if depfile:
+        deps = [Path(source)] if isinstance(model, (str, Path)) else []
+        if isinstance(config, (str, Path)):
+            deps.append(Path(config))
+        write_depfile(Path(depfile), [out / f"lib{name}.a", out / f"lib{name}.so", out / f"{name}.h"], deps)
+    return CompileResult(out, name, lib, graph, times)
+
+
+def aotc_sources() -> list[Path]:
+    """aotc's own files: a change to any of them must rebuild generated libraries."""
+    pkg = Path(__file__).resolve().parent
+    files = sorted(pkg.rglob("*.py"))
+    for d in (templates_dir(), runtime_dir()):
+        files += sorted(p for p in d.iterdir() if p.is_file() and p.suffix in (".j2", ".h", ".c"))
+    return files
+
+
+def write_depfile(path: Path, targets: list[Path], inputs: list[Path]) -> None:
+    def esc(p: Path) -> str:
+        return str(p).replace("\\", "\\\\").replace(" ", "\\ ").replace("#", "\\#").replace("$", "$$")
+
+    deps = [*inputs, *aotc_sources()]
+    text = f"{' '.join(esc(t) for t in targets)}: \\\n  " + " \\\n  ".join(esc(d.resolve()) for d in deps) + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_if_changed(path, text.encode())
+
+
+def compile(model: str | Path | onnx.ModelProto, out_dir: str | Path = "build", name: str | None = None,
+            **options) -> CompiledModel:  # noqa: A001
+    """Compile a model and load it: ``aotc.compile("m.onnx", out_dir="build", name="m").run(feeds)``."""
+    from aotc.bindings import load
+
+    if name is None:
+        name = "model" if isinstance(model, onnx.ModelProto) else _default_name(Path(model))
+    result = compile_model(model, out_dir, name, **options)
+    return load(result.prefix)
+
+
+def _default_name(path: Path) -> str:
+    import re
+
+    stem = re.sub(r"[^A-Za-z0-9_]", "_", path.stem) or "model"
+    return stem if stem[0].isalpha() else "m_" + stem
+
+
+from aotc.bindings import CompiledModel  # noqa: E402

@@ -1,0 +1,1 @@
+"""Frontends translate a model file into the IR; they know nothing of C."""

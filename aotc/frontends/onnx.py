@@ -1,0 +1,176 @@
+"""ONNX -> IR.
+
+Reads any model the installed ``onnx`` can load (external data included), inlines local functions,
+turns initializers and Constant nodes into IR constants and pins dynamic input dimensions from the
+feed config. Ops are only translated here; whether they are supported is checked once, for the whole
+graph, so the user sees every unsupported op in one error.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from aotc.errors import AotcError, UnsupportedOpsError
+from aotc.ir import dtypes
+from aotc.ir.graph import Graph, Value
+from aotc.ops import OPS
+
+MIN_OPSET = 7
+
+
+def load_model(path: str | Path) -> onnx.ModelProto:
+    path = Path(path)
+    if not path.is_file():
+        raise AotcError(f"model file not found: {path}")
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as e:  # protobuf raises several unrelated types for garbage input
+        raise AotcError(f"{path}: not a valid ONNX model ({type(e).__name__}: {e})") from None
+    if not model.graph.node and not model.graph.output:
+        raise AotcError(f"{path}: not a valid ONNX model (no graph)")
+    try:
+        onnx.load_external_data_for_model(model, str(path.parent))
+    except Exception as e:
+        raise AotcError(f"{path}: cannot read external data ({e})") from None
+    return model
+
+
+def _default_opset(model: onnx.ModelProto) -> int:
+    for imp in model.opset_import:
+        if imp.domain in ("", "ai.onnx"):
+            return int(imp.version)
+    return 1
+
+
+def _attr(a: onnx.AttributeProto):
+    value = onnx.helper.get_attribute_value(a)
+    if a.type == onnx.AttributeProto.TENSOR:
+        return numpy_helper.to_array(value)
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, list) and value and isinstance(value[0], bytes):
+        return [v.decode("utf-8", "replace") for v in value]
+    return value
+
+
+def _constant_value(node: onnx.NodeProto) -> np.ndarray:
+    a = node.attribute[0]
+    if a.name == "value":
+        return numpy_helper.to_array(a.t)
+    v = onnx.helper.get_attribute_value(a)
+    if a.name in ("value_float", "value_int"):
+        return np.array(v, dtype=np.float32 if a.name == "value_float" else np.int64)
+    if a.name in ("value_floats", "value_ints"):
+        return np.array(v, dtype=np.float32 if a.name == "value_floats" else np.int64)
+    raise AotcError(f"Constant node {node.name!r}: unsupported attribute {a.name}")
+
+
+def _value_type(vi: onnx.ValueInfoProto) -> tuple[list[int | str | None], np.dtype]:
+    t = vi.type.tensor_type
+    if not vi.type.HasField("tensor_type"):
+        raise AotcError(f"input {vi.name!r}: only tensor inputs are supported")
+    dims: list[int | str | None] = []
+    for d in t.shape.dim:
+        dims.append(d.dim_value if d.HasField("dim_value") else (d.dim_param or None))
+    return dims, dtypes.from_onnx(t.elem_type)
+
+
+def import_onnx(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]] | None = None,
+                name: str = "model") -> Graph:
+    """Translate ``model`` into a Graph. ``shapes`` pins input shapes (required for dynamic dims)."""
+    shapes = dict(shapes or {})
+    opset = _default_opset(model)
+    if opset < MIN_OPSET:
+        raise AotcError(f"model uses opset {opset}; aotc supports opset {MIN_OPSET} and later")
+    if model.functions:
+        try:
+            model = onnx.inliner.inline_local_functions(model)
+        except Exception as e:
+            raise AotcError(f"cannot inline the model's local functions: {e}") from None
+
+    g = Graph(name)
+    g.opset = opset
+    env: dict[str, Value] = {}
+    for init in model.graph.initializer:
+        try:
+            arr = numpy_helper.to_array(init)
+        except Exception as e:
+            raise AotcError(f"initializer {init.name!r} cannot be read: {e}") from None
+        if not dtypes.is_supported(arr.dtype):
+            raise AotcError(f"initializer {init.name!r} has unsupported dtype {arr.dtype}")
+        env[init.name] = Graph.constant(arr, init.name)
+
+    for vi in model.graph.input:
+        if vi.name in env:  # an initializer listed as input: a constant with a default
+            continue
+        dims, dt = _value_type(vi)
+        if vi.name in shapes:
+            shape = tuple(shapes.pop(vi.name))
+            if len(shape) != len(dims) or any(isinstance(d, int) and d and d != s
+                                              for d, s in zip(dims, shape, strict=False)):
+                raise AotcError(f"input {vi.name!r}: shape {list(shape)} does not match the model's "
+                                f"{[d if isinstance(d, int) and d else '?' for d in dims]}")
+        else:
+            if all(isinstance(d, int) for d in dims):
+                shape = tuple(int(d) for d in dims)  # type: ignore[arg-type]
+            else:  # dynamic: an error later only if the input is still needed after pruning
+                shape = None
+                g.dynamic_inputs[vi.name] = ",".join(str(d) if isinstance(d, int) else (d or "?")
+                                                     for d in dims)
+        v = Value(vi.name, shape, dt)
+        env[vi.name] = v
+        g.inputs.append(v)
+    if shapes:
+        raise AotcError(f"shape given for unknown input(s): {', '.join(sorted(shapes))}")
+
+    missing: dict[str, list[str]] = {}
+    for i, node in enumerate(model.graph.node):
+        label = node.name or f"{node.op_type}_{i}"
+        if node.domain not in ("", "ai.onnx"):
+            missing.setdefault(f"{node.domain}.{node.op_type}", []).append(label)
+            continue
+        if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
+            missing.setdefault(node.op_type, []).append(label)
+            continue
+        if node.op_type == "Constant":
+            env[node.output[0]] = Graph.constant(_constant_value(node), node.output[0])
+            continue
+        if node.op_type not in OPS:
+            missing.setdefault(node.op_type, []).append(label)
+            continue
+        ins: list[Value | None] = []
+        for name_in in node.input:
+            if not name_in:
+                ins.append(None)
+            elif name_in in env:
+                ins.append(env[name_in])
+            else:
+                raise AotcError(f"node {label!r} reads {name_in!r}, which nothing defines")
+        attrs = {a.name: _attr(a) for a in node.attribute}
+        attrs["_opset"] = opset
+        n = g.add_node(node.op_type, ins, len(node.output), attrs, label, out_names=list(node.output))
+        for out_name, v in zip(node.output, n.outputs, strict=True):
+            if out_name:
+                env[out_name] = v
+    if missing:
+        raise UnsupportedOpsError(missing)
+
+    for vi in model.graph.output:
+        if vi.name not in env:
+            raise AotcError(f"graph output {vi.name!r} is not produced by any node")
+        g.outputs.append(env[vi.name])
+    g.toposort()
+    return g
+
+
+def list_ops(model: onnx.ModelProto) -> dict[str, int]:
+    """Op type -> number of nodes, for ``aotc inspect``."""
+    counts: dict[str, int] = {}
+    for node in model.graph.node:
+        key = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
+        counts[key] = counts.get(key, 0) + 1
+    return counts

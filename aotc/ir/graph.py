@@ -1,0 +1,189 @@
+"""A small SSA graph.
+
+A ``Value`` is produced by at most one ``Node`` (or is a graph input, or a constant holding a numpy
+array). Nodes are kept in a topological order. Shapes are static: frontends pin every dimension
+before the passes run, so every pass and the code generator can rely on concrete sizes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(eq=False)
+class Value:
+    name: str
+    shape: tuple[int, ...] | None = None
+    dtype: np.dtype | None = None
+    producer: Node | None = None
+    const: np.ndarray | None = None
+
+    @property
+    def is_const(self) -> bool:
+        return self.const is not None
+
+    @property
+    def size(self) -> int:
+        assert self.shape is not None
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def nbytes(self) -> int:
+        assert self.dtype is not None
+        return self.size * np.dtype(self.dtype).itemsize
+
+    def type_str(self) -> str:
+        from aotc.ir.dtypes import dtype_name
+
+        dt = dtype_name(self.dtype) if self.dtype is not None else "?"
+        dims = "?" if self.shape is None else ",".join(str(d) for d in self.shape)
+        return f"{dt}[{dims}]"
+
+
+@dataclass(eq=False)
+class Node:
+    op: str
+    inputs: list[Value | None]
+    outputs: list[Value]
+    attrs: dict[str, Any] = field(default_factory=dict)
+    name: str = ""
+
+    def attr(self, key: str, default: Any = None) -> Any:
+        return self.attrs.get(key, default)
+
+
+class Graph:
+    def __init__(self, name: str = "graph") -> None:
+        self.name = name
+        self.nodes: list[Node] = []
+        self.inputs: list[Value] = []
+        self.outputs: list[Value] = []
+        self.opset: int = 17
+        # Inputs whose shape the model leaves open: name -> dims as written, for error messages.
+        self.dynamic_inputs: dict[str, str] = {}
+        # Set by the fusion pass: the kernels in execution order (aotc.passes.fuse.Kernel).
+        self.kernels: list[Any] = []
+        # Code-generation target, read by passes that size target-specific scratch buffers.
+        self.isa: str = "generic"
+        self.max_tasks: int = 1
+        # Set by the memory planner (aotc.passes.memory.MemoryPlan).
+        self.memory: Any = None
+
+    # -- construction -----------------------------------------------------------------------
+    def add_node(self, op: str, inputs: list[Value | None], n_outputs: int = 1,
+                 attrs: dict[str, Any] | None = None, name: str = "",
+                 out_names: list[str] | None = None) -> Node:
+        outs = [Value(out_names[i] if out_names else f"{name or op}:{i}") for i in range(n_outputs)]
+        node = Node(op, list(inputs), outs, dict(attrs or {}), name)
+        for v in outs:
+            v.producer = node
+        self.nodes.append(node)
+        return node
+
+    @staticmethod
+    def constant(array: np.ndarray, name: str = "const") -> Value:
+        arr = np.ascontiguousarray(array)
+        return Value(name, tuple(int(d) for d in arr.shape), arr.dtype, None, arr)
+
+    # -- queries ----------------------------------------------------------------------------
+    def consumers(self) -> dict[int, list[Node]]:
+        """Map id(value) -> nodes that read it."""
+        users: dict[int, list[Node]] = {}
+        for n in self.nodes:
+            for v in n.inputs:
+                if v is not None:
+                    users.setdefault(id(v), []).append(n)
+        return users
+
+    def values(self) -> Iterable[Value]:
+        seen: set[int] = set()
+        for v in self.inputs:
+            seen.add(id(v))
+            yield v
+        for n in self.nodes:
+            for v in [*n.inputs, *n.outputs]:
+                if v is not None and id(v) not in seen:
+                    seen.add(id(v))
+                    yield v
+
+    def replace_uses(self, old: Value, new: Value) -> None:
+        for n in self.nodes:
+            n.inputs = [new if v is old else v for v in n.inputs]
+        self.outputs = [new if v is old else v for v in self.outputs]
+
+    def toposort(self) -> None:
+        """Reorder nodes topologically, keeping the existing order where it is already valid."""
+        produced = {id(v) for n in self.nodes for v in n.outputs}
+        done: set[int] = set()
+        order: list[Node] = []
+        pending = list(self.nodes)
+        while pending:
+            rest = []
+            for n in pending:
+                if all(v is None or id(v) not in produced or id(v) in done for v in n.inputs):
+                    order.append(n)
+                    done.update(id(v) for v in n.outputs)
+                else:
+                    rest.append(n)
+            if len(rest) == len(pending):
+                from aotc.errors import AotcError
+
+                raise AotcError(f"graph has a cycle through node {rest[0].name!r}")
+            pending = rest
+        self.nodes = order
+
+    # -- checking and printing --------------------------------------------------------------
+    def verify(self) -> None:
+        """Check SSA and topological order; raise AssertionError on a malformed graph (a bug)."""
+        defined = {id(v) for v in self.inputs}
+        for n in self.nodes:
+            for v in n.inputs:
+                assert v is None or v.is_const or id(v) in defined, \
+                    f"{n.op} {n.name!r} uses {v.name!r} before it is defined"
+            for v in n.outputs:
+                assert v.producer is n, f"{v.name!r} has the wrong producer"
+                assert id(v) not in defined, f"{v.name!r} defined twice"
+                defined.add(id(v))
+        for v in self.outputs:
+            assert v.is_const or id(v) in defined, f"output {v.name!r} is not defined"
+
+    def to_text(self) -> str:
+        """A readable listing, used for dumps and in pass tests."""
+        ids: dict[int, str] = {}
+
+        def ref(v: Value | None) -> str:
+            if v is None:
+                return "_"
+            if id(v) not in ids:
+                ids[id(v)] = f"%{len(ids)}"
+            if v.is_const and v.size <= 4:
+                return f"{ids[id(v)]}<const {v.type_str()} {v.const.reshape(-1).tolist()}>"
+            if v.is_const:
+                return f"{ids[id(v)]}<const {v.type_str()}>"
+            return ids[id(v)]
+
+        lines = [f"graph {self.name} {{"]
+        for v in self.inputs:
+            lines.append(f"  input {ref(v)}: {v.type_str()}  # {v.name}")
+        for n in self.nodes:
+            outs = ", ".join(f"{ref(v)}: {v.type_str()}" for v in n.outputs)
+            args = ", ".join(ref(v) for v in n.inputs)
+            attrs = "".join(f" {k}={_fmt_attr(a)}" for k, a in sorted(n.attrs.items()))
+            lines.append(f"  {outs} = {n.op}({args}){attrs}")
+        lines.append(f"  return {', '.join(ref(v) for v in self.outputs)}")
+        lines.append("}")
+        return "\n".join(lines) + "\n"
+
+
+def _fmt_attr(a: Any) -> str:
+    if isinstance(a, np.ndarray):
+        return f"array{list(a.shape)}" if a.size > 8 else str(a.tolist())
+    if isinstance(a, (list, tuple)):
+        return "[" + ",".join(_fmt_attr(x) for x in a) + "]"
+    if isinstance(a, bytes):
+        return repr(a.decode("utf-8", "replace"))
+    return repr(a) if isinstance(a, str) else str(a)

@@ -1,0 +1,72 @@
+"""Helpers shared by op definitions: broadcasting, attribute and constant-input access, C literals."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from aotc.errors import AotcError
+from aotc.ir.graph import Node, Value
+
+
+def broadcast_shapes(*shapes: tuple[int, ...], where: str = "") -> tuple[int, ...]:
+    try:
+        return tuple(int(d) for d in np.broadcast_shapes(*shapes))
+    except ValueError:
+        raise AotcError(f"{where}: shapes {', '.join(map(str, shapes))} do not broadcast") from None
+
+
+def const_input(node: Node, i: int, what: str) -> np.ndarray | None:
+    """The constant value of optional input ``i`` (None when absent); an error when not constant."""
+    if i >= len(node.inputs) or node.inputs[i] is None:
+        return None
+    v = node.inputs[i]
+    assert v is not None
+    if not v.is_const:
+        raise AotcError(f"{node.op} node {node.name!r}: {what} must be a compile-time constant")
+    return v.const
+
+
+def present(node: Node, i: int) -> Value | None:
+    return node.inputs[i] if i < len(node.inputs) else None
+
+
+def norm_axis(axis: int, rank: int, node: Node) -> int:
+    if not -rank <= axis < max(rank, 1):
+        raise AotcError(f"{node.op} node {node.name!r}: axis {axis} out of range for rank {rank}")
+    return axis % rank if rank else 0
+
+
+def c_literal(x: float | int | bool, ctype: str) -> str:
+    """A C literal of type ``ctype`` for a Python number (inf/nan spelled with math.h macros)."""
+    if ctype in ("float", "double"):
+        x = float(x)
+        suffix = "f" if ctype == "float" else ""
+        if math.isnan(x):
+            return "NAN" if ctype == "float" else "(double)NAN"
+        if math.isinf(x):
+            inf = "INFINITY" if ctype == "float" else "(double)INFINITY"
+            return inf if x > 0 else f"(-{inf})"
+        return f"{float(np.float32(x)) if ctype == 'float' else x!r}{suffix}"
+    if ctype == "_Bool":
+        return "1" if x else "0"
+    v = int(x)
+    if ctype == "int64_t":
+        return f"INT64_C({v})"
+    if ctype == "uint64_t":
+        return f"UINT64_C({v})"
+    return f"({ctype})({v})"
+
+
+def lowest(ctype: str) -> str:
+    return {"float": "(-INFINITY)", "double": "(-(double)INFINITY)", "int64_t": "INT64_MIN",
+            "int32_t": "INT32_MIN", "int16_t": "INT16_MIN", "int8_t": "INT8_MIN", "_Bool": "0"}.get(
+        ctype, "0")
+
+
+def highest(ctype: str) -> str:
+    return {"float": "INFINITY", "double": "((double)INFINITY)", "int64_t": "INT64_MAX",
+            "int32_t": "INT32_MAX", "int16_t": "INT16_MAX", "int8_t": "INT8_MAX", "uint8_t": "UINT8_MAX",
+            "uint16_t": "UINT16_MAX", "uint32_t": "UINT32_MAX", "uint64_t": "UINT64_MAX",
+            "_Bool": "1"}[ctype]

@@ -1,0 +1,207 @@
+"""Elementwise ops: each is a C expression over its (broadcast) inputs, fused into loop kernels."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from aotc.ir import dtypes
+from aotc.ir.graph import Node
+from aotc.ops.common import broadcast_shapes, c_literal, highest, lowest
+from aotc.ops.registry import OpDef, register
+
+ExprFn = Callable[[Node, list[str], str], str]
+
+# Vectorizable float32 versions live in runtime/aotc_math.h; double falls back to libm.
+_RUNTIME_F32 = {"exp": "aotc_expf", "log": "aotc_logf", "tanh": "aotc_tanhf", "erf": "aotc_erff",
+                "sigmoid": "aotc_sigmoidf"}
+
+
+def math_fn(name: str, ctype: str) -> str:
+    if ctype == "float":
+        return _RUNTIME_F32.get(name, name + "f")
+    if name == "sigmoid":
+        return "aotc_sigmoid"
+    return name
+
+
+def _infer(out_dtype: Callable[[Node], np.dtype] | None = None):
+    def infer(node: Node):
+        ins = [v for v in node.inputs if v is not None]
+        shape = broadcast_shapes(*(v.shape for v in ins), where=f"{node.op} node {node.name!r}")
+        dt = out_dtype(node) if out_dtype else ins[0].dtype
+        return [(shape, dt)]
+    return infer
+
+
+def _bool(_node: Node) -> np.dtype:
+    return np.dtype(np.bool_)
+
+
+def ew(name: str, expr: ExprFn, out_dtype: Callable[[Node], np.dtype] | None = None) -> None:
+    register(OpDef(name, "elementwise", _infer(out_dtype), expr=expr))
+
+
+def _f(template: str) -> ExprFn:
+    """An expression from a format string over inputs a, b, c and the C type t."""
+    def expr(_node: Node, x: list[str], t: str) -> str:
+        names = dict(zip("abc", x, strict=False))
+        return template.format(t=t, **names)
+    return expr
+
+
+def _attr_f(attr: str, default: float) -> Callable[[Node, str], str]:
+    return lambda node, t: c_literal(node.attr(attr, default), t)
+
+
+# -- arithmetic -------------------------------------------------------------------------------
+ew("Add", _f("({a} + {b})"))
+ew("Sub", _f("({a} - {b})"))
+ew("Mul", _f("({a} * {b})"))
+ew("Div", _f("({a} / {b})"))
+ew("Neg", _f("(-{a})"))
+ew("Abs", lambda n, x, t: f"fabs{'f' if t == 'float' else ''}({x[0]})" if t in ("float", "double")
+   else f"({x[0]} < 0 ? ({t})-{x[0]} : {x[0]})")
+ew("Reciprocal", lambda n, x, t: f"({c_literal(1, t)} / {x[0]})")
+ew("Sqrt", lambda n, x, t: f"{math_fn('sqrt', t)}({x[0]})")
+ew("Exp", lambda n, x, t: f"{math_fn('exp', t)}({x[0]})")
+ew("Log", lambda n, x, t: f"{math_fn('log', t)}({x[0]})")
+ew("Tanh", lambda n, x, t: f"{math_fn('tanh', t)}({x[0]})")
+ew("Sigmoid", lambda n, x, t: f"{math_fn('sigmoid', t)}({x[0]})")
+ew("Erf", lambda n, x, t: f"{math_fn('erf', t)}({x[0]})")
+ew("Sin", lambda n, x, t: f"{math_fn('sin', t)}({x[0]})")
+ew("Cos", lambda n, x, t: f"{math_fn('cos', t)}({x[0]})")
+ew("Floor", lambda n, x, t: f"{math_fn('floor', t)}({x[0]})")
+ew("Ceil", lambda n, x, t: f"{math_fn('ceil', t)}({x[0]})")
+ew("Round", lambda n, x, t: f"{math_fn('rint', t)}({x[0]})")  # ties to even, as ONNX asks
+ew("Sign", lambda n, x, t: f"({x[0]} > 0 ? {c_literal(1, t)} : ({x[0]} < 0 ? {c_literal(-1, t)} : {x[0]}))")
+
+
+def _pow(node: Node, x: list[str], t: str) -> str:
+    e = node.inputs[1]
+    if e is not None and e.is_const and e.size == 1 and t in ("float", "double"):
+        k = float(e.const.reshape(-1)[0])
+        special = {1.0: "{a}", 2.0: "({a} * {a})", 3.0: "({a} * {a} * {a})", 0.5: "sqrt{s}({a})",
+                   -1.0: "({one} / {a})", 0.0: "{one}"}
+        if k in special:
+            return special[k].format(a=x[0], s="f" if t == "float" else "", one=c_literal(1, t))
+    if t in ("float", "double"):
+        return f"{math_fn('pow', t)}({x[0]}, ({t}){x[1]})"
+    return f"({t})pow((double){x[0]}, (double){x[1]})"
+
+
+ew("Pow", _pow)
+
+
+def _variadic(op: str) -> ExprFn:
+    def expr(node: Node, x: list[str], t: str) -> str:
+        acc = x[0]
+        for y in x[1:]:
+            if op == "+":
+                acc = f"({acc} + {y})"
+            elif op == "max":  # NaN propagates, as in numpy and onnxruntime
+                acc = f"(({acc} != {acc} || {acc} > {y}) ? {acc} : {y})"
+            else:
+                acc = f"(({acc} != {acc} || {acc} < {y}) ? {acc} : {y})"
+        if node.op == "Mean":
+            acc = f"({acc} / {c_literal(len(x), t)})"
+        return acc
+    return expr
+
+
+ew("Sum", _variadic("+"))
+ew("Mean", _variadic("+"))
+ew("Max", _variadic("max"))
+ew("Min", _variadic("min"))
+
+# -- activations --------------------------------------------------------------------------------
+ew("Relu", lambda n, x, t: f"({x[0]} < 0 ? {c_literal(0, t)} : {x[0]})")  # keeps NaN
+ew("LeakyRelu", lambda n, x, t: f"({x[0]} < 0 ? {_attr_f('alpha', 0.01)(n, t)} * {x[0]} : {x[0]})")
+ew("PRelu", _f("({a} < 0 ? {b} * {a} : {a})"))
+ew("Elu", lambda n, x, t:
+   f"({x[0]} < 0 ? {_attr_f('alpha', 1.0)(n, t)} * ({math_fn('exp', t)}({x[0]}) - 1) : {x[0]})")
+ew("Selu", lambda n, x, t:
+   f"({_attr_f('gamma', 1.05070102214813232421875)(n, t)} * ({x[0]} <= 0 ? "
+   f"{_attr_f('alpha', 1.67326319217681884765625)(n, t)} * ({math_fn('exp', t)}({x[0]}) - 1) : {x[0]}))")
+ew("Celu", lambda n, x, t:
+   f"({x[0]} < 0 ? {_attr_f('alpha', 1.0)(n, t)} * ({math_fn('exp', t)}({x[0]} / "
+   f"{_attr_f('alpha', 1.0)(n, t)}) - 1) : {x[0]})")
+
+
+def _clamp01(e: str, t: str) -> str:
+    return f"({e} < 0 ? {c_literal(0, t)} : ({e} > 1 ? {c_literal(1, t)} : {e}))"
+
+
+ew("HardSigmoid", lambda n, x, t:
+   _clamp01(f"({_attr_f('alpha', 0.2)(n, t)} * {x[0]} + {_attr_f('beta', 0.5)(n, t)})", t))
+ew("HardSwish", lambda n, x, t:
+   f"({x[0]} * {_clamp01(f'({x[0]} * {c_literal(1 / 6, t)} + {c_literal(0.5, t)})', t)})")
+ew("Softplus", lambda n, x, t:
+   f"({x[0]} > 20 ? {x[0]} : {math_fn('log', t)}(1 + {math_fn('exp', t)}({x[0]})))")
+ew("Softsign", lambda n, x, t: f"({x[0]} / (1 + ({x[0]} < 0 ? -{x[0]} : {x[0]})))")
+ew("ThresholdedRelu", lambda n, x, t: f"({x[0]} > {_attr_f('alpha', 1.0)(n, t)} ? {x[0]} : 0)")
+ew("Shrink", lambda n, x, t:
+   f"({x[0]} < -{_attr_f('lambd', 0.5)(n, t)} ? {x[0]} + {_attr_f('bias', 0.0)(n, t)} : "
+   f"({x[0]} > {_attr_f('lambd', 0.5)(n, t)} ? {x[0]} - {_attr_f('bias', 0.0)(n, t)} : 0))")
+
+
+def _gelu(node: Node, x: list[str], t: str) -> str:
+    if node.attr("approximate", "none") == "tanh":
+        inner = f"({c_literal(0.7978845608028654, t)} * ({x[0]} + {c_literal(0.044715, t)} * {x[0]} * {x[0]} * {x[0]}))"
+        return f"({c_literal(0.5, t)} * {x[0]} * (1 + {math_fn('tanh', t)}({inner})))"
+    return f"({c_literal(0.5, t)} * {x[0]} * (1 + {math_fn('erf', t)}({x[0]} * {c_literal(0.7071067811865476, t)})))"
+
+
+ew("Gelu", _gelu)
+
+
+def _clip(node: Node, x: list[str], t: str) -> str:
+    e = x[0]
+    lo = x[1] if len(x) > 1 and node.inputs[1] is not None else None
+    hi = x[2] if len(x) > 2 and node.inputs[2] is not None else None
+    if "min" in node.attrs:
+        lo = c_literal(node.attrs["min"], t)
+    if "max" in node.attrs:
+        hi = c_literal(node.attrs["max"], t)
+    if lo is not None:
+        e = f"({e} < {lo} ? {lo} : {e})"
+    if hi is not None:
+        e = f"({e} > {hi} ? {hi} : {e})"
+    return e
+
+
+def _clip_infer(node: Node):
+    x = node.inputs[0]
+    assert x is not None and x.shape is not None
+    return [(x.shape, x.dtype)]
+
+
+register(OpDef("Clip", "elementwise", _clip_infer, expr=_clip))
+
+# -- comparisons and logic ------------------------------------------------------------------------
+for _name, _op in [("Equal", "=="), ("Less", "<"), ("Greater", ">"), ("LessOrEqual", "<="),
+                   ("GreaterOrEqual", ">=")]:
+    ew(_name, _f("({a} " + _op + " {b})"), _bool)
+ew("Not", _f("(!{a})"))
+ew("And", _f("({a} && {b})"))
+ew("Or", _f("({a} || {b})"))
+ew("Xor", _f("({a} != {b})"))
+ew("IsNaN", _f("({a} != {a})"), _bool)
+ew("IsInf", lambda n, x, t:
+   f"(({x[0]} == {highest(t)} && {int(n.attr('detect_positive', 1))}) || "
+   f"({x[0]} == {lowest(t)} && {int(n.attr('detect_negative', 1))}))", _bool)
+ew("Where", _f("({a} ? {b} : {c})"), lambda n: n.inputs[1].dtype)
+
+# -- type conversion and copies ---------------------------------------------------------------------
+
+
+def _cast(node: Node, x: list[str], t: str) -> str:
+    if t == "_Bool":
+        return f"({x[0]} != 0)"
+    return f"(({t}){x[0]})"
+
+
+ew("Cast", _cast, lambda n: dtypes.from_onnx(int(n.attr("to"))))
+# An explicit copy, inserted where a graph output would otherwise share storage with another value.
+ew("Copy", lambda n, x, t: x[0])

@@ -1,0 +1,1 @@
+"""Graph passes, run in order by ``aotc.passes.pipeline``."""

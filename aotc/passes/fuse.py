@@ -1,0 +1,148 @@
+"""Fusion: decide which nodes run together in one kernel. (How a kernel is written is codegen's job.)
+
+Kernels are grown backwards from their last node, XLA-style producer->consumer fusion:
+
+- elementwise and view nodes fuse into their only consumer's loop nest (nothing is written between);
+- a reduction fuses with its producers (the loop body) and with elementwise consumers at the reduced
+  shape (the epilogue), e.g. ``reduce_sum(x + y*z)`` is one loop that reads x, y and z once;
+- a MatMul whose only consumer chain is elementwise at the same shape becomes a GEMM kernel with
+  that chain as its epilogue, e.g. ``relu(x @ W + b)``;
+- other ops (softmax, concat, ...) are template kernels of their own; aliases (reshapes) are free.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from aotc.ir.graph import Graph, Node, Value
+from aotc.ops import OPS
+
+
+@dataclass(eq=False)
+class Kernel:
+    kind: str                      # "loop" | "gemm" | "op"
+    root: Node                     # the node whose output the kernel writes
+    nodes: list[Node] = field(default_factory=list)  # in graph order
+    reduce: Node | None = None     # loop kernels: the one reduction, if any
+    gemm: Node | None = None       # gemm kernels: the MatMul
+    index: int = 0
+
+    @property
+    def outputs(self) -> list[Value]:
+        return list(self.root.outputs)
+
+    @property
+    def inputs(self) -> list[Value]:
+        """Values read from memory (produced outside the kernel), in first-use order."""
+        inside = {id(n) for n in self.nodes}
+        seen: set[int] = set()
+        res = []
+        for n in self.nodes:
+            for v in n.inputs:
+                if v is None or id(v) in seen:
+                    continue
+                if v.is_const or v.producer is None or id(v.producer) not in inside:
+                    seen.add(id(v))
+                    res.append(v)
+        return res
+
+    @property
+    def ops(self) -> list[str]:
+        return [n.op for n in self.nodes]
+
+    @property
+    def name(self) -> str:
+        label = "_".join(dict.fromkeys(op.lower() for op in self.ops))[:48]
+        return f"k{self.index}_{label}"
+
+
+def storage_root(v: Value) -> Value:
+    """The value whose buffer ``v`` lives in (reshape-like aliases share their input's bytes)."""
+    while v.producer is not None and OPS[v.producer.op].kind == "alias" and v.producer.inputs[0] is not None:
+        v = v.producer.inputs[0]
+    return v
+
+
+def _insert_output_copies(graph: Graph) -> None:
+    """Give every graph output a buffer of its own that a kernel writes."""
+    seen: set[int] = set()
+    for i, v in enumerate(graph.outputs):
+        root = storage_root(v)
+        if root.is_const or root.producer is None or id(root) in seen:
+            copy = graph.add_node("Copy", [v], 1, {}, f"copy_output_{i}", out_names=[v.name])
+            copy.outputs[0].shape, copy.outputs[0].dtype = v.shape, v.dtype
+            graph.outputs[i] = copy.outputs[0]
+            root = copy.outputs[0]
+        seen.add(id(root))
+
+
+def fuse(graph: Graph) -> bool:
+    _insert_output_copies(graph)
+    users = graph.consumers()
+    fetched = {id(v) for v in graph.outputs}
+    owner: dict[int, Kernel] = {}
+    kernels: list[Kernel] = []
+    for node in reversed(graph.nodes):
+        kind = OPS[node.op].kind
+        if id(node) in owner or kind == "alias":
+            continue
+        if kind in ("elementwise", "view", "reduce"):
+            k = Kernel("loop", node, [node], reduce=node if kind == "reduce" else None)
+        elif kind == "gemm":
+            k = Kernel("gemm", node, [node], gemm=node)
+        else:
+            k = Kernel("op", node, [node])
+        owner[id(node)] = k
+        if k.kind == "loop":
+            _grow(k, users, fetched, owner)
+        kernels.append(k)
+    kernels.reverse()
+    order = {id(n): i for i, n in enumerate(graph.nodes)}
+    for i, k in enumerate(kernels):
+        k.index = i
+        k.nodes.sort(key=lambda n: order[id(n)])
+    graph.kernels = kernels
+    return True
+
+
+def _grow(k: Kernel, users: dict[int, list[Node]], fetched: set[int], owner: dict[int, Kernel]) -> None:
+    out_shape = k.root.outputs[0].shape
+    work = list(k.nodes)
+    while work:
+        n = work.pop()
+        for v in n.inputs:
+            p = v.producer if v is not None else None
+            if v is None or p is None or v.is_const or id(p) in owner or id(v) in fetched:
+                continue
+            if len(p.outputs) != 1 or any(id(u) not in {id(x) for x in k.nodes} for u in users[id(v)]):
+                continue
+            kind = OPS[p.op].kind
+            ok = kind in ("elementwise", "view")
+            if kind == "reduce" and k.kind == "loop" and k.reduce is None and v.shape == out_shape \
+                    and all(OPS[x.op].kind == "elementwise" for x in k.nodes):
+                k.reduce = p
+                ok = True
+            if kind == "gemm" and p.op == "MatMul" and k.kind == "loop" and k.reduce is None \
+                    and v.shape == out_shape and len(v.shape) >= 2 and v.dtype == np.float32 \
+                    and k.root.outputs[0].dtype == np.float32 \
+                    and all(x is not None and len(x.shape) >= 2 for x in p.inputs) \
+                    and all(OPS[x.op].kind == "elementwise" for x in k.nodes):
+                k.kind, k.gemm = "gemm", p
+                owner[id(p)] = k
+                k.nodes.append(p)
+                continue  # the MatMul's operands are read from memory, not fused
+            if not ok:
+                continue
+            owner[id(p)] = k
+            k.nodes.append(p)
+            work.append(p)
+
+
+def kernels_text(graph: Graph) -> str:
+    lines = ["kernels:"]
+    for k in graph.kernels:
+        outs = ", ".join(f"{v.name}: {v.type_str()}" for v in k.outputs)
+        lines.append(f"  {k.name} [{k.kind}] ops={'+'.join(k.ops)} -> {outs}")
+    return "\n".join(lines) + "\n"

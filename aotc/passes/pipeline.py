@@ -1,0 +1,67 @@
+"""Runs named passes in order, verifying the graph after each and dumping it when asked.
+
+A pass is a function ``Graph -> bool`` (changed or not), in the manner of XLA's HloPassPipeline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from aotc.ir.graph import Graph
+from aotc.passes.fuse import fuse
+from aotc.passes.memory import plan_memory
+from aotc.passes.propagate import propagate
+from aotc.passes.prune import prune
+from aotc.passes.simplify import simplify
+
+PassFn = Callable[[Graph], bool]
+
+
+def simplify_to_fixpoint(graph: Graph) -> bool:
+    """Simplify and re-infer until nothing changes: one rewrite often enables the next."""
+    changed = False
+    for _ in range(16):
+        if not simplify(graph):
+            break
+        propagate(graph)
+        changed = True
+    return changed
+
+
+@dataclass
+class Pass:
+    name: str
+    run: PassFn
+
+
+DEFAULT_PASSES = [
+    Pass("prune", prune),
+    Pass("propagate", propagate),   # shape/dtype inference + constant folding
+    Pass("simplify", simplify_to_fixpoint),
+    Pass("prune_again", prune),
+    Pass("fuse", fuse),
+    Pass("plan_memory", plan_memory),
+]
+
+
+def run_passes(graph: Graph, passes: list[Pass] | None = None, dump_dir: Path | None = None,
+               log: Callable[[str], None] | None = None) -> Graph:
+    passes = DEFAULT_PASSES if passes is None else passes
+    if dump_dir is not None:
+        dump_dir.mkdir(parents=True, exist_ok=True)
+        (dump_dir / "00_imported.txt").write_text(graph.to_text())
+    for i, p in enumerate(passes, start=1):
+        if log:
+            log(f"pass {p.name}")
+        changed = p.run(graph)
+        graph.verify()
+        if dump_dir is not None:
+            text = graph.to_text()
+            if graph.kernels:
+                from aotc.passes.fuse import kernels_text
+                text += "\n" + kernels_text(graph)
+            suffix = "" if changed else "  # unchanged"
+            (dump_dir / f"{i:02d}_{p.name}.txt").write_text(f"# after {p.name}{suffix}\n" + text)
+    return graph

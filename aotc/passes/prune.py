@@ -1,0 +1,78 @@
+"""Feeds and fetches: choosing the graph's inputs and outputs, and removing what they do not need."""
+
+from __future__ import annotations
+
+from aotc.config import Config, TensorId
+from aotc.errors import AotcError
+from aotc.ir.graph import Graph, Value
+
+
+def _lookup(graph: Graph, tid: TensorId, what: str) -> Value:
+    by_tensor: dict[str, Value] = {}
+    by_node: dict[str, list[Value]] = {}
+    for v in graph.values():
+        by_tensor.setdefault(v.name, v)
+    for n in graph.nodes:
+        by_node.setdefault(n.name, n.outputs)
+    if tid.node_name in by_tensor and tid.output_index == 0:
+        return by_tensor[tid.node_name]
+    if tid.node_name in by_node:
+        outs = by_node[tid.node_name]
+        if tid.output_index >= len(outs):
+            raise AotcError(f"{what} {tid.node_name!r}: node has no output {tid.output_index}")
+        return outs[tid.output_index]
+    raise AotcError(f"{what} {tid.node_name!r}: no tensor or node of that name in the model")
+
+
+def apply_config(graph: Graph, config: Config) -> None:
+    """Make the config's feeds the inputs and its fetches the outputs, cutting at fed tensors."""
+    fetches = [_lookup(graph, f.id, "fetch") for f in config.fetches]
+    inputs: list[Value] = []
+    for feed in config.feeds:
+        v = _lookup(graph, feed.id, "feed")
+        if feed.dtype is not None and v.dtype is not None and feed.dtype != v.dtype:
+            raise AotcError(f"feed {feed.id.node_name!r}: config type {feed.dtype} but the model has "
+                            f"{v.dtype}")
+        if v in graph.inputs:
+            new = v
+            if feed.shape is not None:
+                if v.shape is not None and v.shape != feed.shape:
+                    raise AotcError(f"feed {feed.id.node_name!r}: config shape {list(feed.shape)} but "
+                                    f"the model has {list(v.shape)}")
+                v.shape = feed.shape
+        else:  # feeding an intermediate (or constant) tensor: it becomes an input, upstream is cut
+            new = Value(v.name, feed.shape, v.dtype)
+            graph.replace_uses(v, new)
+            fetches = [new if f is v else f for f in fetches]
+            if new.shape is None:
+                raise AotcError(f"feed {feed.id.node_name!r} is an intermediate tensor: give its shape "
+                                "in the config")
+        if feed.name:
+            new.name = feed.name
+        if any(new is x for x in inputs):
+            raise AotcError(f"feed {feed.id.node_name!r} given twice")
+        inputs.append(new)
+    graph.inputs = inputs
+    graph.outputs = fetches
+    for f, v in zip(config.fetches, fetches, strict=True):
+        if f.name:
+            v.name = f.name
+    prune(graph)
+
+
+def prune(graph: Graph) -> bool:
+    """Remove nodes whose outputs no fetch needs (the graph inputs stay: they are the API)."""
+    needed = {id(v) for v in graph.outputs}
+    keep = []
+    for n in reversed(graph.nodes):
+        if any(id(v) in needed for v in n.outputs):
+            keep.append(n)
+            needed.update(id(v) for v in n.inputs if v is not None)
+    changed = len(keep) != len(graph.nodes)
+    graph.nodes = keep[::-1]
+    input_ids = {id(v) for v in graph.inputs}
+    for n in graph.nodes:
+        for v in n.inputs:
+            if v is not None and not v.is_const and v.producer is None and id(v) not in input_ids:
+                raise AotcError(f"tensor {v.name!r} is needed by the fetches but is not fed")
+    return changed

@@ -1,0 +1,65 @@
+/* Row kernels shared by generated libraries: numerically stable softmax and log-softmax.
+ * A "row" is n elements spaced `stride` apart; stride 1 (the common last-axis case) takes loops the
+ * compiler vectorizes, with max and sum accumulated in independent lanes (no -ffast-math needed). */
+#ifndef AOTC_ROWS_H
+#define AOTC_ROWS_H
+#include <stddef.h>
+#include "aotc_math.h"
+
+#define AOTC_ROW_LANES 16
+
+static inline float aotc_row_max(const float *restrict x, size_t n, size_t stride) {
+  float m[AOTC_ROW_LANES];
+  for (size_t l = 0; l < AOTC_ROW_LANES; l++) m[l] = -INFINITY;
+  size_t i = 0;
+  if (stride == 1)
+    for (; i + AOTC_ROW_LANES <= n; i += AOTC_ROW_LANES)
+      for (size_t l = 0; l < AOTC_ROW_LANES; l++) {
+        float v = x[i + l];
+        m[l] = (v > m[l] || v != v) ? v : m[l];
+      }
+  for (; i < n; i++) {
+    float v = x[i * stride];
+    m[0] = (v > m[0] || v != v) ? v : m[0];
+  }
+  for (size_t w = AOTC_ROW_LANES / 2; w > 0; w /= 2)
+    for (size_t l = 0; l < w; l++) m[l] = (m[l + w] > m[l] || m[l + w] != m[l + w]) ? m[l + w] : m[l];
+  return m[0];
+}
+
+/* y = exp(x - max) and returns the sum of y. */
+static inline float aotc_row_exp_sum(const float *restrict x, float *restrict y, size_t n, size_t stride,
+                                     float max) {
+  float s[AOTC_ROW_LANES] = {0};
+  size_t i = 0;
+  if (stride == 1)
+    for (; i + AOTC_ROW_LANES <= n; i += AOTC_ROW_LANES)
+      for (size_t l = 0; l < AOTC_ROW_LANES; l++) {
+        float e = aotc_expf(x[i + l] - max);
+        y[i + l] = e;
+        s[l] += e;
+      }
+  for (; i < n; i++) {
+    float e = aotc_expf(x[i * stride] - max);
+    y[i * stride] = e;
+    s[0] += e;
+  }
+  for (size_t w = AOTC_ROW_LANES / 2; w > 0; w /= 2)
+    for (size_t l = 0; l < w; l++) s[l] += s[l + w];
+  return s[0];
+}
+
+static inline void aotc_softmax_row(const float *restrict x, float *restrict y, size_t n, size_t stride) {
+  const float max = aotc_row_max(x, n, stride);
+  const float inv = 1.0f / aotc_row_exp_sum(x, y, n, stride, max);
+  for (size_t i = 0; i < n; i++) y[i * stride] *= inv;
+}
+
+static inline void aotc_log_softmax_row(const float *restrict x, float *restrict y, size_t n,
+                                        size_t stride) {
+  const float max = aotc_row_max(x, n, stride);
+  const float lse = max + aotc_logf(aotc_row_exp_sum(x, y, n, stride, max));
+  for (size_t i = 0; i < n; i++) y[i * stride] = x[i * stride] - lse;
+}
+
+#endif

@@ -1,0 +1,425 @@
+"""Accuracy, special-value and vectorization tests for runtime/aotc_math.h.
+
+The header is compiled into a small shared library (one batched wrapper per
+function) in several flag variants and loaded with cffi in ABI mode.  Results
+are compared with float64 references from numpy / the math module.  The error
+bounds asserted here are the ones quoted in the header comments.
+"""
+
+import math
+import platform
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+cffi = pytest.importorskip("cffi")
+
+RUNTIME_DIR = Path(__file__).resolve().parent.parent / "runtime"
+HEADER = RUNTIME_DIR / "aotc_math.h"
+CC = shutil.which("cc")
+IS_X86_64 = platform.machine().lower() in ("x86_64", "amd64")
+
+pytestmark = pytest.mark.skipif(CC is None, reason="no C compiler (cc) found")
+
+# wrapper name -> header function
+FUNCS = {
+    "exp": "aotc_expf",
+    "log": "aotc_logf",
+    "tanh": "aotc_tanhf",
+    "sigmoid": "aotc_sigmoidf",
+    "erf": "aotc_erff",
+    "gelu": "aotc_geluf",
+    "gelu_tanh": "aotc_gelu_tanhf",
+}
+
+C_SOURCE = '#include <stddef.h>\n#include "aotc_math.h"\n' + "".join(
+    f"void t_{name}(const float *restrict x, float *restrict y, size_t n)\n"
+    f"{{\n    for (size_t i = 0; i < n; i++)\n        y[i] = {fn}(x[i]);\n}}\n"
+    for name, fn in FUNCS.items()
+)
+CDEF = "".join(f"void t_{name}(const float *, float *, size_t);\n" for name in FUNCS)
+
+BASE_FLAGS = ["-O3", "-std=c11", "-fno-math-errno", "-Wall", "-Wextra", "-Werror"]
+
+FLT_MAX = float(np.finfo(np.float32).max)
+# Smallest float64 value that rounds to +Inf in float32.
+FLT_OVERFLOW = 2.0**128 * (1.0 - 2.0**-25)
+
+
+def _cpu_flags():
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def _variants():
+    v3_ok = IS_X86_64 and {"avx2", "fma", "bmi2", "f16c"} <= _cpu_flags()
+    baseline = ["-march=x86-64"] if IS_X86_64 else []
+    return [
+        pytest.param(
+            ["-march=x86-64-v3"],
+            id="x86-64-v3",
+            marks=pytest.mark.skipif(not v3_ok, reason="CPU lacks x86-64-v3 (AVX2/FMA)"),
+        ),
+        pytest.param(baseline, id="baseline"),
+        # Same code, never vectorized: the scalar and vector paths must agree
+        # with the reference equally well.
+        pytest.param(baseline + ["-fno-tree-vectorize"], id="scalar"),
+    ]
+
+
+class MathLib:
+    def __init__(self, path):
+        self.ffi = cffi.FFI()
+        self.ffi.cdef(CDEF)
+        self.lib = self.ffi.dlopen(str(path))
+
+    def __call__(self, name, x):
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        y = np.empty_like(x)
+        getattr(self.lib, "t_" + name)(
+            self.ffi.from_buffer("float[]", x),
+            self.ffi.from_buffer("float[]", y, require_writable=True),
+            x.size,
+        )
+        return y
+
+
+@pytest.fixture(scope="module", params=_variants())
+def mlib(request, tmp_path_factory):
+    d = tmp_path_factory.mktemp("aotc_math")
+    src = d / "t_math.c"
+    src.write_text(C_SOURCE)
+    so = d / "libt_math.so"
+    cmd = [CC, *BASE_FLAGS, *request.param, "-shared", "-fPIC",
+           f"-I{RUNTIME_DIR}", str(src), "-o", str(so)]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    assert res.returncode == 0, f"{' '.join(cmd)}\n{res.stderr}"
+    return MathLib(so)
+
+
+# ---------------------------------------------------------------- helpers ----
+
+def f32(values):
+    return np.asarray(values, dtype=np.float32)
+
+
+def bits_to_f32(bits):
+    return np.asarray(bits, dtype=np.uint32).view(np.float32)
+
+
+def ulp_error(y, ref):
+    """|y - ref| in units of the float32 ulp of ref (2^-149 for denormals)."""
+    ref = np.asarray(ref, dtype=np.float64)
+    _, e = np.frexp(np.abs(ref))
+    e = np.where(ref == 0, -1000, e)
+    ulp = np.ldexp(1.0, np.maximum(e - 24, -149))
+    return np.abs(y.astype(np.float64) - ref) / ulp
+
+
+def check_ulp(y, ref, bound):
+    """Assert ulp error <= bound; results that must overflow must be +-Inf."""
+    ref = np.asarray(ref, dtype=np.float64)
+    over = np.abs(ref) >= FLT_OVERFLOW
+    assert np.array_equal(y[over], np.copysign(np.inf, ref[over]).astype(np.float32))
+    err = ulp_error(y[~over], ref[~over])
+    worst = int(np.argmax(err))
+    assert err[worst] <= bound, (
+        f"max error {err[worst]:.3f} ulp > {bound} at x-index {worst}: "
+        f"got {y[~over][worst]!r}, want {ref[~over][worst]!r}"
+    )
+    return float(err[worst])
+
+
+def check_abs(y, ref, bound):
+    err = np.abs(y.astype(np.float64) - ref)
+    worst = int(np.argmax(err))
+    assert err[worst] <= bound, (
+        f"max abs error {err[worst]:.3g} > {bound}: got {y[worst]!r}, want {ref[worst]!r}"
+    )
+    return float(err[worst])
+
+
+def same_bits(y, expected):
+    """Exact comparison that treats all NaNs as equal and distinguishes -0."""
+    y = np.asarray(y, dtype=np.float32)
+    expected = np.asarray(expected, dtype=np.float32)
+    nan = np.isnan(expected)
+    return bool(
+        np.array_equal(np.isnan(y), nan)
+        and np.array_equal(y[~nan].view(np.uint32), expected[~nan].view(np.uint32))
+    )
+
+
+def random_bits(rng, lo, hi, n, negative=False):
+    """Floats with bit patterns uniform in [bits(lo), bits(hi)] (lo, hi >= 0)."""
+    b = rng.integers(f32(lo).view(np.uint32), f32(hi).view(np.uint32), n,
+                     dtype=np.uint32, endpoint=True)
+    x = bits_to_f32(b)
+    if negative:
+        x = np.concatenate([x, -x])
+    return x
+
+
+_erf = np.frompyfunc(math.erf, 1, 1)
+_erfc = np.frompyfunc(math.erfc, 1, 1)
+
+
+def erf_ref(x):
+    return _erf(x.astype(np.float64)).astype(np.float64)
+
+
+def gelu_ref(x):
+    xd = x.astype(np.float64)
+    u = xd / math.sqrt(2.0)
+    pos = 0.5 * xd * (1.0 + _erf(u).astype(np.float64))
+    neg = 0.5 * xd * _erfc(-u).astype(np.float64)
+    return np.where(xd >= 0, pos, neg)
+
+
+def sigmoid_ref(xd):
+    with np.errstate(over="ignore"):
+        e = np.exp(-np.abs(xd))
+    return np.where(xd >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+
+
+def gelu_tanh_ref(x):
+    xd = x.astype(np.float64)
+    v = 2.0 * math.sqrt(2.0 / math.pi) * (xd + 0.044715 * xd**3)
+    return xd * sigmoid_ref(v)
+
+
+RNG_SEED = 20240611
+TINY = float(np.finfo(np.float32).smallest_subnormal)
+FLT_MIN = float(np.finfo(np.float32).tiny)
+INF, NAN = np.inf, np.nan
+
+
+# ------------------------------------------------------------------ exp ----
+
+def test_exp_accuracy(mlib):
+    rng = np.random.default_rng(RNG_SEED)
+    x = np.concatenate([
+        np.linspace(-104.0, 89.0, 1_500_000, dtype=np.float32),
+        rng.uniform(-104.0, 89.0, 300_000).astype(np.float32),
+        random_bits(rng, 2.0**-40, 1.0, 100_000, negative=True),
+        random_bits(rng, 80.0, 89.0, 50_000),     # overflow edge
+        -random_bits(rng, 80.0, 110.0, 100_000),  # denormal results / underflow
+    ])
+    with np.errstate(over="ignore"):
+        ref = np.exp(x.astype(np.float64))
+    check_ulp(mlib("exp", x), ref, 1.0)
+
+
+def test_exp_special(mlib):
+    x = f32([0.0, -0.0, INF, -INF, NAN, 88.7228393554688, 89.0, 1e30, -1e30, -104.0,
+             -150.0, TINY, -TINY, FLT_MIN])
+    want = f32([1.0, 1.0, INF, 0.0, NAN, INF, INF, INF, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0])
+    y = mlib("exp", x)
+    assert same_bits(y, want), list(zip(x, y, want, strict=True))
+    # Edges: largest finite result, FLT_MIN, smallest denormal, rounding to 0.
+    edges = f32([88.72283172607421875, -87.33654475, -87.3365, -103.2789, -103.9720764,
+                 -103.97208, -103.9721, -103.98])
+    y = mlib("exp", edges)
+    assert y[0] < INF
+    check_ulp(y, np.exp(edges.astype(np.float64)), 1.0)
+
+
+# ------------------------------------------------------------------ log ----
+
+def test_log_accuracy(mlib):
+    rng = np.random.default_rng(RNG_SEED + 1)
+    one = f32(1.0).view(np.uint32)
+    near_one = bits_to_f32(np.arange(one - 20000, one + 20000, dtype=np.uint32))
+    x = np.concatenate([
+        bits_to_f32(rng.integers(1, 0x7F7FFFFF, 1_500_000, dtype=np.uint32, endpoint=True)),
+        np.linspace(0.5, 2.0, 600_000, dtype=np.float32),
+        near_one,
+        random_bits(rng, TINY, FLT_MIN, 100_000),  # denormals
+    ])
+    ref = np.log(x.astype(np.float64))
+    check_ulp(mlib("log", x), ref, 1.5)
+
+
+def test_log_special(mlib):
+    x = f32([1.0, 0.0, -0.0, -1.0, -TINY, -INF, INF, NAN, -NAN])
+    want = f32([0.0, -INF, -INF, NAN, NAN, NAN, INF, NAN, NAN])
+    y = mlib("log", x)
+    assert same_bits(y, want), list(zip(x, y, want, strict=True))
+    edges = f32([TINY, 2 * TINY, FLT_MIN, FLT_MIN * (1 - 2.0**-23), FLT_MAX, 2.0, 0.5,
+                 np.nextafter(f32(1.0), f32(0.0)), np.nextafter(f32(1.0), f32(2.0))])
+    check_ulp(mlib("log", edges), np.log(edges.astype(np.float64)), 1.0)
+
+
+# ----------------------------------------------------------------- tanh ----
+
+def test_tanh_accuracy(mlib):
+    rng = np.random.default_rng(RNG_SEED + 2)
+    x = np.concatenate([
+        np.linspace(-12.0, 12.0, 1_500_000, dtype=np.float32),
+        random_bits(rng, TINY, 1.0, 200_000, negative=True),
+        random_bits(rng, 0.5, 0.75, 100_000, negative=True),  # branch switch
+        random_bits(rng, 8.0, 1e30, 50_000, negative=True),
+    ])
+    ref = np.tanh(x.astype(np.float64))
+    y = mlib("tanh", x)
+    check_abs(y, ref, 6e-8)
+    check_ulp(y, ref, 2.5)
+
+
+def test_tanh_special(mlib):
+    x = f32([0.0, -0.0, INF, -INF, NAN, 1e30, -1e30, 9.1, -9.1, TINY, -TINY, FLT_MIN, 1e-20])
+    want = f32([0.0, -0.0, 1.0, -1.0, NAN, 1.0, -1.0, 1.0, -1.0, TINY, -TINY, FLT_MIN, 1e-20])
+    y = mlib("tanh", x)
+    assert same_bits(y, want), list(zip(x, y, want, strict=True))
+
+
+# -------------------------------------------------------------- sigmoid ----
+
+def test_sigmoid_accuracy(mlib):
+    rng = np.random.default_rng(RNG_SEED + 3)
+    x = np.concatenate([
+        np.linspace(-110.0, 90.0, 1_500_000, dtype=np.float32),
+        rng.uniform(-20.0, 20.0, 300_000).astype(np.float32),
+        random_bits(rng, 2.0**-40, 1.0, 100_000, negative=True),
+    ])
+    check_ulp(mlib("sigmoid", x), sigmoid_ref(x.astype(np.float64)), 2.0)
+
+
+def test_sigmoid_special(mlib):
+    x = f32([0.0, -0.0, INF, -INF, NAN, 1e30, -1e30, 17.0, 100.0, -200.0])
+    want = f32([0.5, 0.5, 1.0, 0.0, NAN, 1.0, 0.0, 1.0, 1.0, 0.0])
+    y = mlib("sigmoid", x)
+    assert same_bits(y, want), list(zip(x, y, want, strict=True))
+    edges = f32([-87.0, -88.0, -100.0, -103.0, -103.9, -16.0, 16.0])
+    y = mlib("sigmoid", edges)
+    assert np.all(y[:5] > 0)  # denormal results are not flushed
+    check_ulp(y, sigmoid_ref(edges.astype(np.float64)), 2.0)
+
+
+# ------------------------------------------------------------------ erf ----
+
+def test_erf_accuracy(mlib):
+    rng = np.random.default_rng(RNG_SEED + 4)
+    x = np.concatenate([
+        np.linspace(-5.0, 5.0, 250_000, dtype=np.float32),
+        random_bits(rng, TINY, 1.0, 50_000, negative=True),
+        random_bits(rng, 0.9, 1.1, 25_000, negative=True),  # branch switch
+    ])
+    ref = erf_ref(x)
+    y = mlib("erf", x)
+    check_abs(y, ref, 6e-8)
+    check_ulp(y, ref, 2.0)
+
+
+def test_erf_special(mlib):
+    x = f32([0.0, -0.0, INF, -INF, NAN, 4.0, -4.0, 10.0, 1e30, -1e30, TINY, -TINY])
+    y = mlib("erf", x)
+    tiny_erf = float(f32(TINY * 2.0 / math.sqrt(math.pi)))
+    want = f32([0.0, -0.0, 1.0, -1.0, NAN, 1.0, -1.0, 1.0, 1.0, -1.0, tiny_erf, -tiny_erf])
+    assert same_bits(y, want), list(zip(x, y, want, strict=True))
+
+
+# ----------------------------------------------------------------- gelu ----
+
+def test_gelu_accuracy(mlib):
+    rng = np.random.default_rng(RNG_SEED + 5)
+    x = np.concatenate([
+        np.linspace(-16.0, 10.0, 250_000, dtype=np.float32),
+        random_bits(rng, 2.0**-60, 1.0, 40_000, negative=True),
+        random_bits(rng, 1.3, 1.5, 25_000, negative=True),  # branch switch
+        random_bits(rng, 8.0, 1e30, 10_000),
+    ])
+    ref = gelu_ref(x)
+    y = mlib("gelu", x)
+    check_ulp(y, ref, 4.0)
+    small = np.abs(x) <= 10.0
+    check_abs(y[small], ref[small], 5e-7)
+
+
+def test_gelu_special(mlib):
+    x = f32([0.0, -0.0, INF, -INF, NAN, 20.0, -20.0, 1e30, -1e30])
+    y = mlib("gelu", x)
+    assert same_bits(y[:5], f32([0.0, -0.0, INF, -0.0, NAN])), list(zip(x, y, strict=True))
+    assert y[5] == 20.0 and y[7] == f32(1e30)
+    assert y[6] == 0.0 and y[8] == 0.0
+
+
+def test_gelu_tanh_accuracy(mlib):
+    rng = np.random.default_rng(RNG_SEED + 6)
+    x = np.concatenate([
+        np.linspace(-20.0, 20.0, 400_000, dtype=np.float32),
+        random_bits(rng, 2.0**-60, 1.0, 50_000, negative=True),
+    ])
+    ref = gelu_tanh_ref(x)
+    y = mlib("gelu_tanh", x)
+    small = np.abs(x) <= 10.0
+    check_abs(y[small], ref[small], 2e-7)
+    # Below about -2 the result's relative error is dominated by the rounding
+    # of the cubic argument (condition number ~|v|), so ulp are checked above.
+    check_ulp(y[x >= -2.0], ref[x >= -2.0], 4.0)
+
+
+def test_gelu_tanh_special(mlib):
+    x = f32([0.0, -0.0, INF, -INF, NAN, 30.0, -30.0, 1e30, -1e30])
+    y = mlib("gelu_tanh", x)
+    assert same_bits(y[:5], f32([0.0, -0.0, INF, -0.0, NAN])), list(zip(x, y, strict=True))
+    assert y[5] == 30.0 and y[7] == f32(1e30)
+    assert y[6] == 0.0 and y[8] == 0.0
+
+
+# -------------------------------------------------------- vectorization ----
+
+def _is_gcc():
+    res = subprocess.run([CC, "--version"], capture_output=True, text=True)
+    return "Free Software Foundation" in res.stdout
+
+
+@pytest.mark.skipif(not IS_X86_64, reason="vectorization check targets x86_64")
+@pytest.mark.parametrize("march, width", [("x86-64-v3", 32), ("x86-64", 16)])
+def test_loops_vectorize(tmp_path, march, width):
+    if not _is_gcc():
+        pytest.skip("cc is not GCC (-fopt-info is GCC-specific)")
+    src = tmp_path / "vec.c"
+    src.write_text(C_SOURCE)
+    obj = tmp_path / "vec.o"
+    cmd = [CC, "-O3", "-std=c11", "-fno-math-errno", f"-march={march}",
+           "-fopt-info-vec-optimized", f"-I{RUNTIME_DIR}", "-c", str(src), "-o", str(obj)]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    lines = C_SOURCE.splitlines()
+    for name in FUNCS:
+        loop_line = lines.index(next(ln for ln in lines if f"{FUNCS[name]}(x[i])" in ln))
+        # the `for` statement is the line before the loop body (1-based numbering)
+        tag = f"vec.c:{loop_line}:"
+        hits = [ln for ln in res.stderr.splitlines()
+                if tag in ln and "loop vectorized" in ln]
+        assert any(f"using {width} byte vectors" in ln for ln in hits), (
+            f"{FUNCS[name]} loop not vectorized with {width}-byte vectors "
+            f"({march}):\n{res.stderr}"
+        )
+    nm = shutil.which("nm")
+    if nm:
+        undefined = subprocess.run([nm, "-u", str(obj)], capture_output=True,
+                                   text=True).stdout.split()
+        assert undefined == [], f"unexpected external calls: {undefined}"
+
+
+def test_header_self_contained(tmp_path):
+    """The header compiles alone, as strict C11, without warnings."""
+    src = tmp_path / "only.c"
+    src.write_text('#include "aotc_math.h"\n'
+                   "float f(float x) { return aotc_geluf(x) + (float)AOTC_ALIGN; }\n")
+    cmd = [CC, "-O2", "-std=c11", "-pedantic", "-Wall", "-Wextra", "-Werror",
+           f"-I{RUNTIME_DIR}", "-c", str(src), "-o", str(tmp_path / "only.o")]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert HEADER.is_file()
