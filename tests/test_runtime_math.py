@@ -216,7 +216,7 @@ def test_exp_accuracy(mlib):
     ])
     with np.errstate(over="ignore"):
         ref = np.exp(x.astype(np.float64))
-    check_ulp(mlib("exp", x), ref, 1.0)
+    check_ulp(mlib("exp", x), ref, 1.5)
 
 
 def test_exp_special(mlib):
@@ -271,8 +271,8 @@ def test_tanh_accuracy(mlib):
     ])
     ref = np.tanh(x.astype(np.float64))
     y = mlib("tanh", x)
-    check_abs(y, ref, 6e-8)
-    check_ulp(y, ref, 2.5)
+    check_abs(y, ref, 1e-7)
+    check_ulp(y, ref, 2.0)
 
 
 def test_tanh_special(mlib):
@@ -291,7 +291,7 @@ def test_sigmoid_accuracy(mlib):
         rng.uniform(-20.0, 20.0, 300_000).astype(np.float32),
         random_bits(rng, 2.0**-40, 1.0, 100_000, negative=True),
     ])
-    check_ulp(mlib("sigmoid", x), sigmoid_ref(x.astype(np.float64)), 2.0)
+    check_ulp(mlib("sigmoid", x), sigmoid_ref(x.astype(np.float64)), 2.5)
 
 
 def test_sigmoid_special(mlib):
@@ -302,7 +302,7 @@ def test_sigmoid_special(mlib):
     edges = f32([-87.0, -88.0, -100.0, -103.0, -103.9, -16.0, 16.0])
     y = mlib("sigmoid", edges)
     assert np.all(y[:5] > 0)  # denormal results are not flushed
-    check_ulp(y, sigmoid_ref(edges.astype(np.float64)), 2.0)
+    check_ulp(y, sigmoid_ref(edges.astype(np.float64)), 2.5)
 
 
 # ------------------------------------------------------------------ erf ----
@@ -316,7 +316,7 @@ def test_erf_accuracy(mlib):
     ])
     ref = erf_ref(x)
     y = mlib("erf", x)
-    check_abs(y, ref, 6e-8)
+    check_abs(y, ref, 1e-7)
     check_ulp(y, ref, 2.0)
 
 
@@ -340,8 +340,8 @@ def test_gelu_accuracy(mlib):
     ])
     ref = gelu_ref(x)
     y = mlib("gelu", x)
-    check_ulp(y, ref, 4.0)
-    small = np.abs(x) <= 10.0
+    check_ulp(y, ref, 7.0)
+    small = np.abs(x) <= 4.0
     check_abs(y[small], ref[small], 5e-7)
 
 
@@ -361,11 +361,17 @@ def test_gelu_tanh_accuracy(mlib):
     ])
     ref = gelu_tanh_ref(x)
     y = mlib("gelu_tanh", x)
-    small = np.abs(x) <= 10.0
-    check_abs(y[small], ref[small], 2e-7)
-    # Below about -2 the result's relative error is dominated by the rounding
-    # of the cubic argument (condition number ~|v|), so ulp are checked above.
-    check_ulp(y[x >= -2.0], ref[x >= -2.0], 4.0)
+    small = np.abs(x) <= 4.0
+    check_abs(y[small], ref[small], 5e-7)
+    # In the negative tail the result is ~x*e^v, so the float rounding of the
+    # cubic argument v (relative 2^-24 per operation) is amplified by |v|:
+    # allow 3 ulp plus 3 ulp per unit of |v|.
+    xd = x.astype(np.float64)
+    v = 2.0 * math.sqrt(2.0 / math.pi) * (xd + 0.044715 * xd**3)
+    err = ulp_error(y, ref) - 3.0 * np.abs(v)
+    worst = int(np.argmax(err))
+    assert err[worst] <= 3.0, (x[worst], y[worst], ref[worst])
+    check_ulp(y[x >= -1.0], ref[x >= -1.0], 3.0)
 
 
 def test_gelu_tanh_special(mlib):
