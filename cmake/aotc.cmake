@@ -100,6 +100,9 @@ function(aotc_add_model target)
   add_custom_command(
     OUTPUT "${library}" "${header}"
     COMMAND ${AOTC_EXECUTABLE} ${args}
+    # aotc does not rewrite outputs whose contents are unchanged; touch them
+    # so that they are newer than the inputs and the step is not rerun.
+    COMMAND "${CMAKE_COMMAND}" -E touch "${library}" "${header}"
     DEPENDS ${deps}
     ${depfile_args}
     WORKING_DIRECTORY "${CMAKE_CURRENT_BINARY_DIR}"

@@ -8,13 +8,14 @@
  * Rules followed by every function below, so that a loop such as
  *     for (size_t i = 0; i < n; i++) y[i] = aotc_expf(x[i]);
  * vectorizes at -O3 (also at the SSE2 baseline -march=x86-64):
- *   - no branches: every path is computed and the result is picked with a
- *     ternary, which GCC turns into a vector blend;
+ *   - no branches: every path is computed and the result is picked with
+ *     aotc__select() (bit masks) or a ternary with constant arms, both of
+ *     which GCC turns into vector blends;
  *   - float <-> integer bit access goes through memcpy;
  *   - no libm calls and no data-indexed tables;
- *   - no reliance on -ffast-math (do NOT build these with -ffast-math or
- *     -fassociative-math: the rounding trick in aotc_expf and the exact
- *     product in aotc__mul_err need strict IEEE evaluation).
+ *   - written for strict IEEE evaluation: with -ffinite-math-only (part of
+ *     -ffast-math) the Inf/NaN handling may be optimized away, and
+ *     reassociation costs some accuracy in aotc__mul_err / aotc_logf.
  * An explicit fused multiply-add is used where the target has a fast one
  * (x86-64-v3, AArch64); otherwise a*b+c. Both builds meet the stated bounds.
  *
@@ -106,8 +107,8 @@ AOTC_MATH_INLINE float aotc__mul_err(float a, float b, float p)
  * 2^(n/2) * 2^(n - n/2) so that denormal results are rounded only once.
  * Overflow (x > 88.7228) -> +Inf, -Inf -> 0, NaN -> NaN; results below
  * FLT_MIN are correctly rounded denormals (exactly 0 below about -103.97).
- * Measured max error: 0.53 ulp with FMA, 0.54 ulp baseline (normal results);
- * 0.50 ulp for denormal results.  Tests assert <= 1 ulp.
+ * Measured max error: 0.99 ulp (FMA build), 0.96 ulp (baseline build), over
+ * [-104, 89]; 0.75 ulp where the result is denormal.  Tests assert <= 1.5 ulp.
  */
 AOTC_MATH_INLINE float aotc_expf(float x)
 {
@@ -117,9 +118,11 @@ AOTC_MATH_INLINE float aotc_expf(float x)
     /* Clamp into the range where the scaling below is valid; NaN passes. */
     float xc = aotc__select(x > 89.0f, 89.0f, x);
     xc = aotc__select(xc < -104.0f, -104.0f, xc);
+    /* n = round(x / ln2): after adding 1.5*2^23 the low mantissa bits of t
+       hold n (the mask only matters for NaN, to keep the int math defined). */
     float t = AOTC_FMAF(xc, 0x1.715476p+0f, shifter);
-    float nf = t - shifter;
     int32_t n = (int32_t)(aotc__f2u(t) & 0x7fffffffu) - 0x4b400000;
+    float nf = (float)n;
     float r = AOTC_FMAF(nf, -ln2_hi, xc);
     r = AOTC_FMAF(nf, -ln2_lo, r);
     float r2 = r * r;
@@ -142,8 +145,8 @@ AOTC_MATH_INLINE float aotc_expf(float x)
  * s = f/(2+f), log(1+f) = f - f^2/2 + s*(f^2/2 + R(s^2)) with a 3-term
  * minimax R; e*ln2 added in two parts.  Denormal inputs are pre-scaled by
  * 2^23.  x<0 -> NaN, +-0 -> -Inf, +Inf -> +Inf, NaN -> NaN.
- * Measured max error: 0.82 ulp with FMA, 0.88 ulp baseline.
- * Tests assert <= 1.5 ulp.
+ * Measured max error: 0.82 ulp (FMA and baseline builds), over all positive
+ * floats including denormals.  Tests assert <= 1.5 ulp.
  */
 AOTC_MATH_INLINE float aotc_logf(float x)
 {
@@ -181,8 +184,8 @@ AOTC_MATH_INLINE float aotc_logf(float x)
  * relative accuracy for tiny x and preserves -0).  Otherwise
  * sign(x) * (1 - 2/(e^{2|x|} + 1)), which saturates to +-1 without Inf/Inf.
  * NaN -> NaN.
- * Measured max error: 2.3e-8 absolute / 1.6 ulp (FMA); 2.3e-8 / 1.6 ulp
- * baseline.  Tests assert <= 6e-8 absolute and <= 2.5 ulp.
+ * Measured max error: 7.7e-8 absolute, 1.3 ulp (FMA and baseline builds;
+ * worst just above |x| = 0.625).  Tests assert <= 1e-7 absolute, <= 2 ulp.
  */
 AOTC_MATH_INLINE float aotc_tanhf(float x)
 {
@@ -206,7 +209,8 @@ AOTC_MATH_INLINE float aotc_tanhf(float x)
  * 1/(1+e^-x), evaluated as 1/(1+e^-|x|) for x >= 0 and e^x/(1+e^x) for x < 0,
  * so both tails keep relative accuracy (down to denormal results) and no
  * Inf/Inf can occur.  -Inf -> 0, +Inf -> 1, NaN -> NaN.
- * Measured max error: 1.3 ulp (FMA), 1.3 ulp baseline.  Tests assert <= 2 ulp.
+ * Measured max error: 2.2 ulp (FMA and baseline builds; worst for x < 0).
+ * Tests assert <= 2.5 ulp.
  */
 AOTC_MATH_INLINE float aotc_sigmoidf(float x)
 {
@@ -248,16 +252,16 @@ AOTC_MATH_INLINE float aotc__erfcx_tail(float a)
  * erf.  |x| < 1: x + x*Q(x^2).  |x| >= 1: sign(x) * (1 - e^{-x^2} * t*P(t)),
  * t = 2/(2+|x|) (|x| clamped at 4, where erf already rounds to 1).
  * Odd, saturates to +-1, NaN -> NaN.
- * Measured max error: 4.5e-8 absolute / 1.3 ulp (FMA); 4.5e-8 / 1.4 ulp
- * baseline.  Tests assert <= 6e-8 absolute and <= 2 ulp.
+ * Measured max error: 7.6e-8 absolute, 1.3 ulp (FMA and baseline builds).
+ * Tests assert <= 1e-7 absolute, <= 2 ulp.
  */
 AOTC_MATH_INLINE float aotc_erff(float x)
 {
     float ax = aotc__absf(x);
     float small = AOTC_FMAF(x, aotc__erf_q(x * x), x);
     float a = aotc__select(ax > 4.0f, 4.0f, ax); /* NaN passes */
-    float erfc = aotc__erfcx_tail(a) * aotc_expf(-(a * a));
-    float big = aotc__with_sign(1.0f - erfc, x);
+    float c = aotc__erfcx_tail(a) * aotc_expf(-(a * a)); /* erfc(|x|) */
+    float big = aotc__with_sign(1.0f - c, x);
     return aotc__select(ax < 1.0f, small, big);
 }
 
@@ -269,8 +273,10 @@ AOTC_MATH_INLINE float aotc_erff(float x)
  * erfc = e^{-x^2/2} * t*P(t), where x^2 is split exactly into hi + lo, so the
  * negative tail keeps relative accuracy down to denormal results (0 below
  * about -14.5).  +Inf -> +Inf, -Inf -> -0, NaN -> NaN.
- * Measured max error: 2.7e-7 absolute (|x| <= 10 ... from rounding x itself,
- * 1.9 ulp) with FMA; 2.2 ulp baseline.  Tests assert <= 4 ulp everywhere.
+ * Measured max error: 5.9 ulp (worst for x < -sqrt(2): the rounding of
+ * t = 2/(2+|u|) is amplified up to 3x), 1.5 ulp for x >= 0; absolute error on
+ * [-4, 4] 2.4e-7 (half an ulp of results near 4).  Tests assert <= 7 ulp
+ * everywhere and <= 5e-7 absolute on [-4, 4].
  */
 AOTC_MATH_INLINE float aotc_geluf(float x)
 {
@@ -304,13 +310,16 @@ AOTC_MATH_INLINE float aotc_geluf(float x)
  *   == x * sigmoid(2*sqrt(2/pi) * (x + 0.044715 x^3)),
  * evaluated in the sigmoid form so the negative tail has no cancellation.
  * +Inf -> +Inf, -Inf -> -0, NaN -> NaN.
- * Measured max error vs. the float64 formula: 1.5e-7 absolute; 2.6 ulp for
- * x >= -5 (further out the tail is ill-conditioned in x: relative error grows
- * like |x|^3 * 2^-24).  Tests assert <= 2e-7 absolute, <= 4 ulp on [-5, inf).
+ * Measured max error vs. the same formula in float64: 2.8 ulp for x >= -1;
+ * 4.2e-7 absolute on [-4, 4] (results up to 4).  Further into the negative
+ * tail the result is ~x*e^v, so the float rounding of v is amplified by |v|:
+ * measured error <= 1.6 + 2.5*|v| ulp.  Tests assert <= 3 ulp for x >= -1,
+ * <= 3 + 3*|v| ulp everywhere and <= 5e-7 absolute on [-4, 4].
  */
 AOTC_MATH_INLINE float aotc_gelu_tanhf(float x)
 {
-    float xc = aotc__select(x < -20.0f, -20.0f, x); /* result is -0 in float below -11 */
+    /* The result is -0 in float below about -11; the clamp avoids -Inf*0. */
+    float xc = aotc__select(x < -20.0f, -20.0f, x);
     float x2 = xc * xc;
     float v = xc * AOTC_FMAF(x2, 0x1.2444f2p-4f, 0x1.988454p+0f);
     return xc * aotc_sigmoidf(v);

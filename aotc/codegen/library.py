@@ -80,7 +80,7 @@ class _Blob:
             self.parts.append(b"\0" * pad)
             self.size += pad
             self.offsets[id(v)] = self.size
-            data = np.ascontiguousarray(v.const).astype(v.const.dtype.newbyteorder("<")).tobytes()
+            data = np.asarray(v.const, order="C").astype(v.const.dtype.newbyteorder("<")).tobytes()
             self.parts.append(data)
             self.size += len(data)
         return self.offsets[id(v)]

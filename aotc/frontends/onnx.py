@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnx.inliner
 from onnx import numpy_helper
 
 from aotc.errors import AotcError, UnsupportedOpsError
@@ -163,8 +164,30 @@ def import_onnx(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]] | Non
         if vi.name not in env:
             raise AotcError(f"graph output {vi.name!r} is not produced by any node")
         g.outputs.append(env[vi.name])
+    _known_dtypes(model, env)
     g.toposort()
     return g
+
+
+def _known_dtypes(model: onnx.ModelProto, env: dict[str, Value]) -> None:
+    """Element types of intermediate tensors, from ONNX's own inference, so that feeding an
+    intermediate tensor (which cuts the graph before aotc's inference runs) knows its dtype."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    except Exception:
+        return
+    for vi in [*inferred.graph.value_info, *inferred.graph.output]:
+        v = env.get(vi.name)
+        elem = vi.type.tensor_type.elem_type if vi.type.HasField("tensor_type") else 0
+        if v is not None and v.dtype is None and elem and dtypes.is_supported(_np_or_none(elem)):
+            v.dtype = dtypes.from_onnx(elem)
+
+
+def _np_or_none(elem: int) -> np.dtype:
+    try:
+        return onnx.helper.tensor_dtype_to_np_dtype(elem)
+    except Exception:
+        return np.dtype("V1")
 
 
 def list_ops(model: onnx.ModelProto) -> dict[str, int]:

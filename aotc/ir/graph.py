@@ -86,7 +86,7 @@ class Graph:
 
     @staticmethod
     def constant(array: np.ndarray, name: str = "const") -> Value:
-        arr = np.ascontiguousarray(array)
+        arr = np.asarray(array, order="C")  # (ascontiguousarray would make 0-d arrays 1-d)
         return Value(name, tuple(int(d) for d in arr.shape), arr.dtype, None, arr)
 
     # -- queries ----------------------------------------------------------------------------

@@ -221,3 +221,30 @@ def _shape_infer(node: Node):
 register(OpDef("Shape", "static", _shape_infer, fold=_shape_fold))
 register(OpDef("Size", "static", lambda n: [((), np.dtype(np.int64))],
                fold=lambda n, _a: [np.array(_in(n).size, dtype=np.int64)]))
+
+
+# -- gather: a kernel indexing with run-time indices ---------------------------------------------------
+def _gather_infer(node: Node):
+    x, idx = _in(node, 0), _in(node, 1)
+    axis = norm_axis(node.attr("axis", 0), len(x.shape), node)
+    return [((*x.shape[:axis], *idx.shape, *x.shape[axis + 1:]), x.dtype)]
+
+
+def _gather_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
+    x, idx = _in(node, 0), _in(node, 1)
+    axis = norm_axis(node.attr("axis", 0), len(x.shape), node)
+    outer = int(np.prod(x.shape[:axis]))
+    inner = int(np.prod(x.shape[axis + 1:]))
+    n, dim = idx.size, x.shape[axis]
+    # Out-of-range indices are clamped: a hostile input must not read outside the buffer.
+    return (f"for (size_t o = task; o < {outer}; o += ntasks)\n"
+            f"  for (size_t j = 0; j < {n}; j++) {{\n"
+            f"    int64_t k = (int64_t){ins[1]}[j];\n"
+            f"    if (k < 0) k += {dim};\n"
+            f"    k = k < 0 ? 0 : (k >= {dim} ? {dim - 1} : k);\n"
+            f"    memcpy({outs[0]} + (o * {n} + j) * {inner}, {ins[0]} + (o * {dim} + (size_t)k) * {inner}, "
+            f"{inner} * sizeof({ctype}));\n"
+            f"  }}")
+
+
+register(OpDef("Gather", "kernel", _gather_infer, emit=_gather_emit))

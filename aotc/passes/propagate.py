@@ -25,6 +25,8 @@ def evaluate(node: Node, args: list[np.ndarray | None], opset: int) -> list[np.n
     op = OPS[node.op]
     if op.fold is not None:
         return op.fold(node, args)  # type: ignore[arg-type]
+    if op.kind == "alias":  # same bytes, another shape
+        return [args[0].reshape(shape) for shape, _ in op.infer(node)[:1]]
     from onnx.reference import ReferenceEvaluator
 
     in_names = [f"i{k}" if a is not None else "" for k, a in enumerate(args)]
@@ -89,7 +91,7 @@ def _try_fold(node: Node, args: list[np.ndarray | None], opset: int) -> list[np.
         raise
     except Exception as e:
         raise AotcError(f"{node.op} node {node.name!r}: cannot evaluate on constants: {e}") from None
-    return [np.ascontiguousarray(r) for r in results]
+    return [np.asarray(r, order="C") for r in results]
 
 
 def _check_dtype(node: Node, dt: np.dtype) -> None:

@@ -41,7 +41,11 @@ def apply_config(graph: Graph, config: Config) -> None:
                                     f"the model has {list(v.shape)}")
                 v.shape = feed.shape
         else:  # feeding an intermediate (or constant) tensor: it becomes an input, upstream is cut
-            new = Value(v.name, feed.shape, v.dtype)
+            dt = feed.dtype if feed.dtype is not None else v.dtype
+            if dt is None:
+                raise AotcError(f"feed {feed.id.node_name!r}: cannot tell its element type; give "
+                                "'type' in the config")
+            new = Value(v.name, feed.shape, dt)
             graph.replace_uses(v, new)
             fetches = [new if f is v else f for f in fetches]
             if new.shape is None:
@@ -52,12 +56,16 @@ def apply_config(graph: Graph, config: Config) -> None:
         if any(new is x for x in inputs):
             raise AotcError(f"feed {feed.id.node_name!r} given twice")
         inputs.append(new)
-    graph.inputs = inputs
+    if config.feeds:
+        graph.inputs = inputs
     graph.outputs = fetches
     for f, v in zip(config.fetches, fetches, strict=True):
         if f.name:
             v.name = f.name
     prune(graph)
+    if not config.feeds:  # only fetches given: the model's inputs that they still need
+        used = {id(v) for n in graph.nodes for v in n.inputs if v is not None} | {id(v) for v in fetches}
+        graph.inputs = [v for v in graph.inputs if id(v) in used]
 
 
 def prune(graph: Graph) -> bool:

@@ -81,6 +81,8 @@ def simplify(graph: Graph) -> bool:
             continue
         if n.op == "Mul" and _fold_scale_into_matmul(rw, n, users):
             continue
+        if n.op == "Add" and _merge_constant_adds(rw, n, users):
+            continue
         rw.nodes.append(n)
 
     graph.nodes = rw.nodes
@@ -147,6 +149,26 @@ def _fold_scale_into_matmul(rw: _Rewriter, n: Node, users: dict[int, list[Node]]
     prod = m.producer
     rw.nodes = [x for x in rw.nodes if x is not prod]
     rw.node("MatMul", [prod.inputs[0], scaled], {}, prod.name, out=n.outputs[0])
+    rw.changed = True
+    return True
+
+
+def _merge_constant_adds(rw: _Rewriter, n: Node, users: dict[int, list[Node]]) -> bool:
+    """Add(Add(x, c1), c2) -> Add(x, c1 + c2): a bias followed by a folded BatchNorm shift."""
+    inner, c2 = n.inputs
+    if inner is None or c2 is None or not c2.is_const:
+        inner, c2 = c2, inner
+    if inner is None or c2 is None or not c2.is_const or inner.producer is None \
+            or inner.producer.op != "Add" or len(users.get(id(inner), [])) != 1:
+        return False
+    x, c1 = inner.producer.inputs
+    if c1 is None or not c1.is_const:
+        x, c1 = c1, x
+    if x is None or c1 is None or not c1.is_const or c1.dtype != c2.dtype or x.shape != n.outputs[0].shape:
+        return False
+    add = inner.producer
+    rw.nodes = [y for y in rw.nodes if y is not add]
+    rw.node("Add", [x, _const(c1.const + c2.const, c1, c1.name)], {}, n.name, out=n.outputs[0])
     rw.changed = True
     return True
 

@@ -1,0 +1,201 @@
+"""Helpers for differential tests of aotc against onnxruntime.
+
+- ``Inp`` describes a graph input (shape, dtype and how to draw its random values);
+- ``Case`` is a small graph (usually one node) with its inputs, constants, outputs and tolerances;
+- ``single`` builds the common one-node Case;
+- ``build_model`` turns one or several Cases into one ONNX model (several independent subgraphs in
+  one model amortize aotc's C compile time);
+- ``make_feeds``/``run_ort``/``run_aotc``/``assert_close`` do the comparison.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+IR_VERSION = 9  # onnxruntime 1.31 cannot load newer IR versions
+
+# Values that exercise NaN/Inf propagation, overflow and underflow of float32 math.
+SPECIAL_F32 = np.array([np.inf, -np.inf, np.nan, 0.0, -0.0, 1.0, -1.0, 0.5, -0.5, 1e-30, -1e-30, 20.5,
+                        -20.5, 88.0, -88.0, 100.0, -100.0, 1e30, -1e30, 3.4e38, -3.4e38, 2.0, -3.0, 7.25],
+                       dtype=np.float32)
+
+
+@dataclass(frozen=True)
+class Inp:
+    """A graph input. ``gen`` picks the random distribution:
+
+    normal, pos (0.1..3), unit (-1..1), wide (-6..6), half (multiples of 0.5: Round ties),
+    small (integers -3..3 as float: equal values for comparisons), special (SPECIAL_F32 cycled),
+    int (-10..10), nz (nonzero ints), bool.
+    """
+
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+    gen: str = "normal"
+
+
+@dataclass
+class Case:
+    id: str
+    nodes: list[onnx.NodeProto]
+    inputs: dict[str, Inp]
+    outputs: list[str]
+    consts: dict[str, np.ndarray] = field(default_factory=dict)
+    opset: int = 17
+    rtol: float = 1e-5
+    atol: float = 1e-6
+    # Cases sharing a group compile as one model; None: the test decides.
+    group: str | None = None
+    marks: tuple = ()
+
+
+def single(case_id: str, op: str, args: Sequence[Inp | np.ndarray | None], attrs: dict | None = None,
+           n_out: int = 1, **kw) -> Case:
+    """One ``op`` node. ``args``: an Inp is a graph input, an array a constant initializer, None an
+    absent optional input."""
+    inputs: dict[str, Inp] = {}
+    consts: dict[str, np.ndarray] = {}
+    names = []
+    for i, a in enumerate(args):
+        if a is None:
+            names.append("")
+        elif isinstance(a, Inp):
+            inputs[f"x{i}"] = a
+            names.append(f"x{i}")
+        else:
+            consts[f"c{i}"] = np.asarray(a)
+            names.append(f"c{i}")
+    outs = [f"y{j}" for j in range(n_out)]
+    node = helper.make_node(op, names, outs, **(attrs or {}))
+    return Case(case_id, [node], inputs, outs, consts, **kw)
+
+
+def _prefixed(case: Case, prefix: str) -> tuple[list[onnx.NodeProto], dict[str, str]]:
+    names: dict[str, str] = {}
+
+    def ren(n: str) -> str:
+        if not n:
+            return n
+        return names.setdefault(n, f"{prefix}{n}")
+
+    nodes = []
+    for k, n in enumerate(case.nodes):
+        m = onnx.NodeProto()
+        m.CopyFrom(n)
+        m.name = f"{prefix}n{k}"
+        m.ClearField("input")
+        m.ClearField("output")
+        m.input.extend(ren(x) for x in n.input)
+        m.output.extend(ren(x) for x in n.output)
+        nodes.append(m)
+    for n in [*case.inputs, *case.consts, *case.outputs]:
+        ren(n)
+    return nodes, names
+
+
+def build_model(cases: Sequence[Case], opset: int | None = None) -> tuple[onnx.ModelProto, list[dict[str, str]]]:
+    """One model holding every case as an independent subgraph; returns it and, per case, the map from
+    the case's own tensor names to the model's."""
+    opset = opset or max(c.opset for c in cases)
+    nodes, inputs, inits, outputs, maps = [], [], [], [], []
+    for i, c in enumerate(cases):
+        prefix = f"c{i}_" if len(cases) > 1 else ""
+        ns, names = _prefixed(c, prefix)
+        nodes += ns
+        for name, inp in c.inputs.items():
+            inputs.append(helper.make_tensor_value_info(
+                names[name], helper.np_dtype_to_tensor_dtype(np.dtype(inp.dtype)), list(inp.shape)))
+        for name, arr in c.consts.items():
+            inits.append(numpy_helper.from_array(np.asarray(arr), names[name]))
+        outputs += [helper.make_value_info(names[o], onnx.TypeProto()) for o in c.outputs]
+        maps.append(names)
+    graph = helper.make_graph(nodes, "test", inputs, outputs, inits)
+    model = helper.make_model(graph, ir_version=IR_VERSION, opset_imports=[helper.make_opsetid("", opset)])
+    model = onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    onnx.checker.check_model(model)
+    return model, maps
+
+
+def rng_for(key: str) -> np.random.Generator:
+    return np.random.default_rng(zlib.crc32(key.encode()))
+
+
+def random_input(inp: Inp, rng: np.random.Generator) -> np.ndarray:
+    shape, dt, gen = inp.shape, np.dtype(inp.dtype), inp.gen
+    if dt == np.bool_ or gen == "bool":
+        return (rng.random(shape) < 0.5).astype(dt)
+    if gen == "special":
+        n = int(np.prod(shape))
+        vals = np.resize(rng.permutation(SPECIAL_F32), n)
+        return vals.reshape(shape).astype(dt)
+    if np.issubdtype(dt, np.integer):
+        lo, hi = (-10, 11) if gen in ("int", "normal") else (-3, 4) if gen == "small" else (1, 11)
+        x = rng.integers(lo, hi, size=shape)
+        if gen == "nz":
+            x = x * rng.choice([-1, 1], size=shape)
+        return x.astype(dt)
+    if gen == "normal":
+        x = rng.standard_normal(shape)
+    elif gen == "pos":
+        x = rng.uniform(0.1, 3.0, shape)
+    elif gen == "unit":
+        x = rng.uniform(-1.0, 1.0, shape)
+    elif gen == "wide":
+        x = rng.uniform(-6.0, 6.0, shape)
+    elif gen == "half":
+        x = rng.integers(-8, 9, size=shape) * 0.5
+    elif gen == "small":
+        x = rng.integers(-3, 4, size=shape).astype(np.float64)
+    else:
+        raise ValueError(f"unknown generator {gen!r}")
+    return np.asarray(x, dtype=dt)
+
+
+def make_feeds(case: Case, names: dict[str, str] | None = None) -> dict[str, np.ndarray]:
+    rng = rng_for(case.id)
+    names = names or {}
+    return {names.get(k, k): random_input(v, rng) for k, v in case.inputs.items()}
+
+
+def run_ort(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    so.log_severity_level = 3
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return sess.run(None, feeds)
+
+
+def run_aotc(model: onnx.ModelProto, feeds: dict[str, np.ndarray], out_dir: str | Path,
+             name: str = "t") -> list[np.ndarray]:
+    import aotc
+
+    return aotc.compile(model, out_dir=str(out_dir), name=name).run(feeds)
+
+
+def assert_close(got: np.ndarray, want: np.ndarray, rtol: float, atol: float, what: str = "") -> None:
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.dtype == want.dtype, f"{what}: dtype {got.dtype}, onnxruntime {want.dtype}"
+    assert got.shape == want.shape, f"{what}: shape {got.shape}, onnxruntime {want.shape}"
+    if want.dtype.kind in "biu":
+        np.testing.assert_array_equal(got, want, err_msg=what)
+    else:
+        np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, equal_nan=True, err_msg=what)
+
+
+def compare(case: Case, out_dir: str | Path, name: str = "t") -> None:
+    """Compile one case on its own and compare every output with onnxruntime."""
+    model, _ = build_model([case])
+    feeds = make_feeds(case)
+    want = run_ort(model, feeds)
+    got = run_aotc(model, feeds, out_dir, name)
+    for o, g, w in zip(case.outputs, got, want, strict=True):
+        assert_close(g, w, case.rtol, case.atol, f"{case.id}:{o}")
