@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -70,8 +71,8 @@ def compile_model(model: str | Path | onnx.ModelProto, out_dir: str | Path, name
 
     t0 = time.perf_counter()
     say(f"codegen: {len(graph.kernels)} kernels")
-    source = model.name if isinstance(model, Path) else str(model) if isinstance(model, str) else "<model>"
-    lib = generate(graph, name, input_names, output_names, Path(source).name)
+    model_path = Path(model) if isinstance(model, (str, Path)) else None
+    lib = generate(graph, name, input_names, output_names, model_path.name if model_path else "<model>")
     times["codegen"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -88,10 +89,13 @@ def compile_model(model: str | Path | onnx.ModelProto, out_dir: str | Path, name
             if fname.endswith((".c", ".h")):
                 write_if_changed(Path(dump_to) / fname, data)
     if depfile:
-        deps = [Path(source)] if isinstance(model, (str, Path)) else []
+        deps = [model_path] if model_path else []
         if isinstance(config, (str, Path)):
             deps.append(Path(config))
-        write_depfile(Path(depfile), [out / f"lib{name}.a", out / f"lib{name}.so", out / f"{name}.h"], deps)
+        targets = [out / f"lib{name}.a", out / f"lib{name}.so", out / f"{name}.h"]
+        write_depfile(Path(depfile), targets, deps)
+        for t in targets:  # make compares mtimes: the rule ran, so its targets are now fresh
+            os.utime(t)
     return CompileResult(out, name, lib, graph, times)
 
 

@@ -13,14 +13,16 @@ import json
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from xml.sax.saxutils import escape as _xml_escape
 
 import numpy as np
 
 from aotc.ir.graph import Graph, Node, Value
 from aotc.ops import OPS
-from aotc.passes.fuse import Kernel
+
+if TYPE_CHECKING:
+    from aotc.passes.fuse import Kernel
 
 # Ops that only move data: they cost bytes, not arithmetic.
 _DATA_MOVEMENT = {"Copy", "Concat", "Identity"}
@@ -53,7 +55,8 @@ def _dot_str(text: str) -> str:
 
 def _xml(text: str) -> str:
     """XML-escape ``text`` for content and attributes; drops control characters XML 1.0 forbids."""
-    clean = "".join(ch if ch in "\t\n" or ord(ch) >= 0x20 else "?" for ch in text)
+    clean = "".join("?" if (ord(ch) < 0x20 and ch not in "\t\n") or ch in "\ufffe\uffff" else ch
+                    for ch in text)
     return _xml_escape(clean, {'"': "&quot;", "'": "&apos;"})
 
 

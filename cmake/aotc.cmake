@@ -27,7 +27,8 @@
 # set it to override (it may be a list, e.g. "/usr/bin/python3;-m;aotc").
 #
 # After the call, these variables are set in the caller's scope:
-#   <target>_AOTC_INCLUDE_DIR, <target>_AOTC_HEADER, <target>_AOTC_LIBRARY
+#   <target>_AOTC_INCLUDE_DIR, <target>_AOTC_HEADER, <target>_AOTC_LIBRARY,
+#   <target>_AOTC_SHARED_LIBRARY (aotc also builds lib<name>.so)
 
 include_guard(GLOBAL)
 
@@ -72,6 +73,7 @@ function(aotc_add_model target)
   set(out_dir "${CMAKE_CURRENT_BINARY_DIR}/${target}_aotc")
   set(header "${out_dir}/${name}.h")
   set(library "${out_dir}/lib${name}.a")
+  set(shared_library "${out_dir}/lib${name}.so")
   set(depfile "${out_dir}/${name}.d")
 
   set(args compile "${model}" -o "${out_dir}" -n "${name}")
@@ -98,11 +100,13 @@ function(aotc_add_model target)
   file(MAKE_DIRECTORY "${out_dir}")
 
   add_custom_command(
-    OUTPUT "${library}" "${header}"
+    # aotc also writes lib<name>.so, and its depfile names it as a target:
+    # declare it, or Ninja rejects the depfile.
+    OUTPUT "${library}" "${header}" "${shared_library}"
     COMMAND ${AOTC_EXECUTABLE} ${args}
     # aotc does not rewrite outputs whose contents are unchanged; touch them
     # so that they are newer than the inputs and the step is not rerun.
-    COMMAND "${CMAKE_COMMAND}" -E touch "${library}" "${header}"
+    COMMAND "${CMAKE_COMMAND}" -E touch "${library}" "${header}" "${shared_library}"
     DEPENDS ${deps}
     ${depfile_args}
     WORKING_DIRECTORY "${CMAKE_CURRENT_BINARY_DIR}"
@@ -123,4 +127,5 @@ function(aotc_add_model target)
   set(${target}_AOTC_INCLUDE_DIR "${out_dir}" PARENT_SCOPE)
   set(${target}_AOTC_HEADER "${header}" PARENT_SCOPE)
   set(${target}_AOTC_LIBRARY "${library}" PARENT_SCOPE)
+  set(${target}_AOTC_SHARED_LIBRARY "${shared_library}" PARENT_SCOPE)
 endfunction()

@@ -196,7 +196,8 @@ AOTC_MATH_INLINE float aotc_tanhf(float x)
     P = AOTC_FMAF(P, z, 0x1.110726p-3f);
     P = AOTC_FMAF(P, z, -0x1.555532p-2f);
     float small = AOTC_FMAF(ax * z, P, ax);
-    float e = aotc_expf(2.0f * ax);
+    /* tanh(9.1) rounds to 1; clamping keeps e finite (no Inf arithmetic). */
+    float e = aotc_expf(2.0f * aotc__select(ax > 9.1f, 9.1f, ax));
     float big = 1.0f - 2.0f / (e + 1.0f);
     /* Both branches are computed on |x|, so the sign (including -0) is
        restored exactly; NaN stays NaN. */

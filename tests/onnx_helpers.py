@@ -128,6 +128,10 @@ def rng_for(key: str) -> np.random.Generator:
 
 
 def random_input(inp: Inp, rng: np.random.Generator) -> np.ndarray:
+    return np.asarray(_draw(inp, rng))  # rank 0: an array, not a numpy scalar
+
+
+def _draw(inp: Inp, rng: np.random.Generator) -> np.ndarray:
     shape, dt, gen = inp.shape, np.dtype(inp.dtype), inp.gen
     if dt == np.bool_ or gen == "bool":
         return (rng.random(shape) < 0.5).astype(dt)

@@ -36,16 +36,33 @@ FUNCS = {
     "gelu_tanh": "aotc_gelu_tanhf",
 }
 
-C_SOURCE = '#include <stddef.h>\n#include "aotc_math.h"\n' + "".join(
+# t_get_csr / t_set_csr expose MXCSR so that the module can clear FTZ/DAZ while
+# it runs: a library linked with -ffast-math that some other test loaded into
+# this process would otherwise flush denormals (in numpy's references too).
+C_SOURCE = """\
+#include <stddef.h>
+#include "aotc_math.h"
+#if defined(__SSE__)
+#include <xmmintrin.h>
+unsigned int t_get_csr(void) { return _mm_getcsr(); }
+void t_set_csr(unsigned int csr) { _mm_setcsr(csr); }
+#else
+unsigned int t_get_csr(void) { return 0; }
+void t_set_csr(unsigned int csr) { (void)csr; }
+#endif
+""" + "".join(
     f"void t_{name}(const float *restrict x, float *restrict y, size_t n)\n"
     f"{{\n    for (size_t i = 0; i < n; i++)\n        y[i] = {fn}(x[i]);\n}}\n"
     for name, fn in FUNCS.items()
 )
-CDEF = "".join(f"void t_{name}(const float *, float *, size_t);\n" for name in FUNCS)
+CDEF = "unsigned int t_get_csr(void);\nvoid t_set_csr(unsigned int);\n" + "".join(
+    f"void t_{name}(const float *, float *, size_t);\n" for name in FUNCS
+)
+FTZ_DAZ = 0x8040  # MXCSR flush-to-zero (bit 15) and denormals-are-zero (bit 6)
 
 BASE_FLAGS = ["-O3", "-std=c11", "-fno-math-errno", "-Wall", "-Wextra", "-Werror"]
 
-FLT_MAX = float(np.finfo(np.float32).max)
+FLT_MAX = (2.0 - 2.0**-23) * 2.0**127
 # Smallest float64 value that rounds to +Inf in float32.
 FLT_OVERFLOW = 2.0**128 * (1.0 - 2.0**-25)
 
@@ -127,6 +144,20 @@ class MathLib:
             x.size,
         )
         return y
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ieee_denormals(builds):
+    """Clear FTZ/DAZ for this module's tests; restore the caller's MXCSR after."""
+    rc, _, so, _ = builds["baseline"]
+    if rc != 0:
+        yield
+        return
+    lib = MathLib(so).lib
+    saved = lib.t_get_csr()
+    lib.t_set_csr(saved & ~FTZ_DAZ)
+    yield
+    lib.t_set_csr(saved)
 
 
 @pytest.fixture(scope="module", params=[
@@ -232,8 +263,8 @@ def gelu_tanh_ref(x):
 
 
 RNG_SEED = 20240611
-TINY = float(np.finfo(np.float32).smallest_subnormal)
-FLT_MIN = float(np.finfo(np.float32).tiny)
+TINY = 2.0**-149  # smallest float32 denormal
+FLT_MIN = 2.0**-126
 INF, NAN = np.inf, np.nan
 
 

@@ -258,19 +258,19 @@ def render_gemm(spec: GemmSpec, epilogue: str = "", extra_params: str = "") -> s
         bps, bks = nr, spec.n
     else:
         bps, bks = plan.kc * nr, nr
-    kernels = []  # (name suffix, rows, panels, bps, bks)
+    # Micro-kernels to emit: (name, rows, panels, panel stride, k stride).  Names match kname() in the
+    # template: k{rows}x{panels}, suffix p for the variant reading a zero-padded packed panel.
+    kernels: list[tuple[str, int, int, int, int]] = []
     if spec.m >= mr:
-        kernels.append(("main", mr, 1, bps, bks))
+        kernels.append((f"k{mr}x1", mr, 1, bps, bks))
     if me:
-        kernels.append(("edge", me, np_e, bps, bks))
+        kernels.append((f"k{me}x1", me, 1, bps, bks))
         if np_e > 1:
-            kernels.append(("edge1", me, 1, bps, bks))
+            kernels.append((f"k{me}x{np_e}", me, np_e, bps, bks))
     if plan.direct_b and ne:
         # The partial last panel is copied into a zero-padded packed panel, read with packed strides.
-        if spec.m >= mr:
-            kernels.append(("mainp", mr, 1, plan.kc * nr, nr))
-        if me:
-            kernels.append(("edgep", me, 1, plan.kc * nr, nr))
+        kernels += [(f"k{rows}x1p", rows, 1, plan.kc * nr, nr) for rows in ([mr] if spec.m >= mr else []) + [me]
+                    if rows]
     nb_packed = packed_b_shape(spec)
     ctx = dict(
         spec=spec, plan=plan, isa=isa, mr=mr, nr=nr, lanes=isa.lanes, nv=isa.nv,

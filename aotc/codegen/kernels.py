@@ -50,11 +50,10 @@ def _function(fn: str, k: Kernel, args: list[tuple[Value, str]], names: list[str
     used = [(a, n) for a, n in zip(args, names, strict=True) if re.search(rf"\b{n}\b", body)]
     args = [a for a, _ in used]
     names = [n for _, n in used]
-    uses_task = re.search(r"\btask\b", body) is not None
     code = (f"{helpers}/* {k.name}: {' + '.join(k.ops)} */\n"
             f"void {fn}(void *const *args, size_t task, size_t ntasks) {{\n"
             f"{_declare(args, names, scratch)}\n"
-            + ("" if uses_task else "  (void)task; (void)ntasks;\n")
+            + "  (void)task; (void)ntasks;\n"
             + "  " + body.replace("\n", "\n  ") + "\n}\n")
     return KernelSource(fn, code, args, scratch)
 

@@ -131,17 +131,15 @@ def import_onnx(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]] | Non
     missing: dict[str, list[str]] = {}
     for i, node in enumerate(model.graph.node):
         label = node.name or f"{node.op_type}_{i}"
-        if node.domain not in ("", "ai.onnx"):
-            missing.setdefault(f"{node.domain}.{node.op_type}", []).append(label)
-            continue
-        if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
-            missing.setdefault(node.op_type, []).append(label)
+        op_key = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
+        subgraphs = any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
+        if op_key not in OPS and op_key != "Constant" or subgraphs:
+            missing.setdefault(op_key, []).append(label)
+            for out_name in node.output:  # keep going, to report every unsupported op at once
+                env[out_name] = Value(out_name)
             continue
         if node.op_type == "Constant":
             env[node.output[0]] = Graph.constant(_constant_value(node), node.output[0])
-            continue
-        if node.op_type not in OPS:
-            missing.setdefault(node.op_type, []).append(label)
             continue
         ins: list[Value | None] = []
         for name_in in node.input:

@@ -188,9 +188,15 @@ ew("And", _f("({a} && {b})"))
 ew("Or", _f("({a} || {b})"))
 ew("Xor", _f("({a} != {b})"))
 ew("IsNaN", _f("({a} != {a})"), _bool)
-ew("IsInf", lambda n, x, t:
-   f"(({x[0]} == {highest(t)} && {int(n.attr('detect_positive', 1))}) || "
-   f"({x[0]} == {lowest(t)} && {int(n.attr('detect_negative', 1))}))", _bool)
+
+
+def _isinf(node: Node, x: list[str], _t: str) -> str:
+    t = dtypes.c_type(node.inputs[0].dtype)  # ``_t`` is the (bool) output's type
+    return (f"(({x[0]} == {highest(t)} && {int(node.attr('detect_positive', 1))}) || "
+            f"({x[0]} == {lowest(t)} && {int(node.attr('detect_negative', 1))}))")
+
+
+ew("IsInf", _isinf, _bool)
 ew("Where", _f("({a} ? {b} : {c})"), lambda n: n.inputs[1].dtype)
 
 # -- type conversion and copies ---------------------------------------------------------------------

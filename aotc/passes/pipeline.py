@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from aotc.dump import write_dumps, write_summary
 from aotc.ir.graph import Graph
 from aotc.passes.fuse import fuse
 from aotc.passes.memory import plan_memory
@@ -55,6 +56,8 @@ def run_passes(graph: Graph, passes: list[Pass] | None = None, dump_dir: Path | 
     for i, p in enumerate(passes, start=1):
         if log:
             log(f"pass {p.name}")
+        if dump_dir is not None and p.name == "fuse":
+            write_dumps(graph, dump_dir, "graph_before_fusion")
         changed = p.run(graph)
         graph.verify()
         if dump_dir is not None:
@@ -64,4 +67,7 @@ def run_passes(graph: Graph, passes: list[Pass] | None = None, dump_dir: Path | 
                 text += "\n" + kernels_text(graph)
             suffix = "" if changed else "  # unchanged"
             (dump_dir / f"{i:02d}_{p.name}.txt").write_text(f"# after {p.name}{suffix}\n" + text)
+    if dump_dir is not None and graph.memory is not None:
+        write_dumps(graph, dump_dir, "graph_after_fusion")
+        write_summary(graph, dump_dir)
     return graph

@@ -34,7 +34,8 @@ class _Rewriter:
 
 
 def _const(arr: np.ndarray | float, like: Value | None = None, name: str = "c") -> Value:
-    dt = like.dtype if like is not None else np.float32
+    """A constant with ``like``'s dtype (or the array's own, for shape tensors)."""
+    dt = like.dtype if like is not None else np.asarray(arr).dtype
     return Graph.constant(np.asarray(arr, dtype=dt), name)
 
 

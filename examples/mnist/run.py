@@ -112,9 +112,7 @@ def check_model(model_path: Path, out_dir: Path, name: str, images: np.ndarray, 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Compile and check the MNIST example models.")
-    parser.add_argument(
-        "--out-dir", type=Path, default=None, help="build directory (default: a temporary one)"
-    )
+    parser.add_argument("--out-dir", type=Path, default=None, help="build directory (default: a temporary one)")
     parser.add_argument("--batch", type=int, default=1, help="fixed batch size of the MLP (default 1)")
     parser.add_argument("--images", type=int, default=3, help="number of random images (default 3)")
     parser.add_argument("--seed", type=int, default=0, help="seed for the random images")
