@@ -10,11 +10,11 @@ import threading
 
 import numpy as np
 import pytest
+from models import dense_relu, make, mlp, random_feeds, vi
 from onnx import helper
 
 import aotc
 from aotc.compiler import compile_model
-from models import dense_relu, make, mlp, random_feeds, vi
 
 WERROR = ["-Wall", "-Wextra", "-Werror"]
 CC = shutil.which("cc") or shutil.which("gcc")

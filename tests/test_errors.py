@@ -7,12 +7,11 @@ import sys
 
 import numpy as np
 import pytest
+from models import dense_relu, make, vi
 from onnx import helper
 
 import aotc
 from aotc.compiler import compile_model
-from aotc.config import parse_config
-from models import dense_relu, make, vi
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:

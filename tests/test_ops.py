@@ -13,7 +13,6 @@ import itertools
 import numpy as np
 import pytest
 from onnx import helper
-
 from onnx_helpers import Case, Inp, assert_close, build_model, make_feeds, run_aotc, run_ort, single
 
 pytest.importorskip("onnxruntime")
