@@ -29,18 +29,45 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from aotc.codegen.gemm import ISAS, GemmSpec, pack_b, plan_gemm, render_gemm, scratch_bytes  # noqa: E402
 
-# (label, M, N, K, b_const)
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    label: str
+    m: int
+    n: int
+    k: int
+    b_const: bool = False
+    trans_a: bool = False
+    trans_b: bool = False
+    batch: int = 1
+    b_shared: bool = False  # batch > 1: one B for all batch entries (weights) instead of one per entry
+
+
+# The sizes the project tracks: square GEMMs and the MLP 784-512-512-10 at batch 1 and 64 (weights const).
 CASES = [
-    ("square 256", 256, 256, 256, False),
-    ("square 1024", 1024, 1024, 1024, False),
-    ("square 2048", 2048, 2048, 2048, False),
-    ("square 1024 (B const)", 1024, 1024, 1024, True),
-    ("mlp M=1 784->512", 1, 512, 784, True),
-    ("mlp M=1 512->512", 1, 512, 512, True),
-    ("mlp M=1 512->10", 1, 10, 512, True),
-    ("mlp M=64 784->512", 64, 512, 784, True),
-    ("mlp M=64 512->512", 64, 512, 512, True),
-    ("mlp M=64 512->10", 64, 10, 512, True),
+    Case("square 256", 256, 256, 256),
+    Case("square 1024", 1024, 1024, 1024),
+    Case("square 2048", 2048, 2048, 2048),
+    Case("square 1024 (B const)", 1024, 1024, 1024, b_const=True),
+    Case("mlp M=1 784->512", 1, 512, 784, b_const=True),
+    Case("mlp M=1 512->512", 1, 512, 512, b_const=True),
+    Case("mlp M=1 512->10", 1, 10, 512, b_const=True),
+    Case("mlp M=64 784->512", 64, 512, 784, b_const=True),
+    Case("mlp M=64 512->512", 64, 512, 512, b_const=True),
+    Case("mlp M=64 512->10", 64, 10, 512, b_const=True),
+]
+# --all adds other shapes that real models produce: im2col convolutions, transposed weights, attention.
+EXTRA_CASES = [
+    Case("odd 1000x1000x1000", 1000, 1000, 1000),
+    Case("conv 3136x64x576 const", 3136, 64, 576, b_const=True),
+    Case("conv 196x256x2304 const", 196, 256, 2304, b_const=True),
+    Case("fc 50x4096x1024 constT", 50, 4096, 1024, b_const=True, trans_b=True),
+    Case("fc 1x1000x2048 const", 1, 1000, 2048, b_const=True),
+    Case("gemv 1x512x512 run-time", 1, 512, 512),
+    Case("qk^T 512x512x64 transB", 512, 512, 64, trans_b=True),
+    Case("A^T 512x512x512", 512, 512, 512, trans_a=True),
+    Case("attn 12x128x128x64", 128, 128, 64, batch=12),
+    Case("batch 8x64x512x512 Wshr", 64, 512, 512, b_const=True, batch=8, b_shared=True),
 ]
 
 
@@ -100,6 +127,7 @@ def main() -> None:
     ap.add_argument("--cflags", default="-O3 -march=native")
     ap.add_argument("--quick", action="store_true", help="shorter timing batches")
     ap.add_argument("--only", default="", help="substring filter on case labels")
+    ap.add_argument("--all", action="store_true", help="also run the extra shapes")
     ap.add_argument("--kc", type=int, help="override the ISA's K block cap (tuning)")
     ap.add_argument("--mc", type=int, help="override the ISA's M block cap (tuning)")
     ap.add_argument("--nc", type=int, help="override the ISA's N block cap (tuning)")
@@ -107,10 +135,13 @@ def main() -> None:
     overrides = {k: v for k, v in (("kc", args.kc), ("mc", args.mc), ("nc", args.nc)) if v}
     if overrides:
         ISAS[args.isa] = dataclasses.replace(ISAS[args.isa], **overrides)
-    cases = [c for c in CASES if args.only in c[0]]
+    cases = [c for c in CASES + (EXTRA_CASES if args.all else []) if args.only in c.label]
     min_batch = 0.02 if args.quick else 0.1
     batches = 7 if args.quick else 15
-    specs = [GemmSpec(f"g{i}", m, n, k, b_const=bc, isa=args.isa) for i, (_, m, n, k, bc) in enumerate(cases)]
+    specs = [GemmSpec(f"g{i}", c.m, c.n, c.k, batch=c.batch, a_batch_stride=c.m * c.k,
+                      b_batch_stride=0 if c.b_shared else c.k * c.n, c_batch_stride=c.m * c.n,
+                      trans_a=c.trans_a, trans_b=c.trans_b, b_const=c.b_const, isa=args.isa)
+             for i, c in enumerate(cases)]
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as tmp:
         ffi, lib = _build(specs, shlex.split(args.cflags), Path(tmp))
@@ -118,12 +149,19 @@ def main() -> None:
         print("GFLOP/s, median and best of the timed batches")
         print(f"{'case':24s} {'KC':>4s} {'MC':>4s} {'NC':>5s} {'aotc':>8s} {'numpy':>8s} {'ratio':>6s}"
               f" {'aotc*':>8s} {'numpy*':>8s} {'ratio*':>6s}")
-        for (label, m, n, k, bc), spec in zip(cases, specs, strict=True):
-            a = rng.standard_normal((m, k)).astype(np.float32)
-            b = rng.standard_normal((k, n)).astype(np.float32)
-            c = np.empty((m, n), dtype=np.float32)
-            c_np = np.empty((m, n), dtype=np.float32)
-            if bc:
+        for case, spec in zip(cases, specs, strict=True):
+            m, n, k, nb = case.m, case.n, case.k, case.batch
+            a = rng.standard_normal((nb, k, m) if case.trans_a else (nb, m, k)).astype(np.float32)
+            b = rng.standard_normal((1 if case.b_shared else nb,) + ((n, k) if case.trans_b else (k, n)))
+            b = b.astype(np.float32)
+            # numpy gets the same storage, as transposed views where the spec says so (BLAS handles those).
+            a_op = a.transpose(0, 2, 1) if case.trans_a else a
+            b_op = b.transpose(0, 2, 1) if case.trans_b else b
+            if nb == 1:
+                a_op, b_op = a_op[0], b_op[0]
+            c = np.empty((nb, m, n), dtype=np.float32)
+            c_np = np.empty((nb, m, n) if nb > 1 else (m, n), dtype=np.float32)
+            if case.b_const:
                 packed = pack_b(b, spec).reshape(-1)
                 b_buf = _aligned(packed.size)
                 b_buf[:] = packed
@@ -136,18 +174,18 @@ def main() -> None:
             def run_kernel(reps: int, kern=kern, pa=pa, pb=pb, pc=pc, ps=ps) -> None:
                 kern(pa, pb, pc, ps, reps)
 
-            def run_numpy(reps: int, a=a, b=b, c_np=c_np) -> None:
+            def run_numpy(reps: int, a=a_op, b=b_op, c_np=c_np) -> None:
                 for _ in range(reps):
                     np.matmul(a, b, out=c_np)
 
-            flops = 2.0 * m * n * k
+            flops = 2.0 * m * n * k * nb
             t_k, t_n = _time_pair(run_kernel, run_numpy, min_batch, batches)
-            err = np.abs(c - c_np).max() / (np.abs(c_np).max() + 1e-30)
-            assert err < 1e-4, f"{label}: wrong result (rel err {err})"
+            err = np.abs(c.reshape(c_np.shape) - c_np).max() / (np.abs(c_np).max() + 1e-30)
+            assert err < 1e-4, f"{case.label}: wrong result (rel err {err})"
             plan = plan_gemm(spec)
             gk, gn = flops / np.median(t_k) / 1e9, flops / np.median(t_n) / 1e9
             bk, bn = flops / min(t_k) / 1e9, flops / min(t_n) / 1e9
-            print(f"{label:24s} {plan.kc:4d} {plan.mc:4d} {plan.nc:5d} {gk:8.1f} {gn:8.1f} {gk / gn:6.2f}"
+            print(f"{case.label:24s} {plan.kc:4d} {plan.mc:4d} {plan.nc:5d} {gk:8.1f} {gn:8.1f} {gk / gn:6.2f}"
                   f" {bk:8.1f} {bn:8.1f} {bk / bn:6.2f}", flush=True)
 
 

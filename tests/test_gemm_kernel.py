@@ -47,7 +47,7 @@ def _cpu_flags() -> set[str]:
 
 HAVE_AVX2 = X86 and {"avx2", "fma"} <= _cpu_flags()
 RUN_ISAS = ["avx2", "generic"] if HAVE_AVX2 else ["generic"]
-ISA_FLAGS = {"avx2": ["-march=x86-64-v3"], "generic": ["-march=x86-64"] if X86 else [], "neon": []}
+ISA_FLAGS = {"avx2": ["-march=x86-64-v3"], "generic": ["-march=x86-64"] if X86 else [], "neon": [], "avx512": []}
 NATIVE = RUN_ISAS[0]
 
 EPI = "v = v + bias[j] + 0.25f * (float)b + 0.001f * (float)i; v = (v < 0.0f ? 0.0f : v);"
@@ -68,6 +68,24 @@ static inline float32x4_t vaddq_f32(float32x4_t a, float32x4_t b) { return a + b
 static inline float32x4_t vfmaq_f32(float32x4_t a, float32x4_t b, float32x4_t c) { return a + b * c; }
 #endif
 """
+
+
+# The same trick for AVX-512 (12x32 tiles): a stand-in <immintrin.h>, found first through -I; the test
+# strips the functions' target("avx512f") attribute so no AVX-512 instruction is emitted.
+FAKE_AVX512 = """
+#ifndef FAKE_IMMINTRIN_H
+#define FAKE_IMMINTRIN_H
+#include <string.h>
+typedef float __m512 __attribute__((vector_size(64)));
+static inline __m512 _mm512_setzero_ps(void) { __m512 v = {0}; return v; }
+static inline __m512 _mm512_set1_ps(float x) { __m512 v = {0}; return v + x; }
+static inline __m512 _mm512_loadu_ps(const float *p) { __m512 v; memcpy(&v, p, sizeof v); return v; }
+static inline void _mm512_storeu_ps(float *p, __m512 v) { memcpy(p, &v, sizeof v); }
+static inline __m512 _mm512_add_ps(__m512 a, __m512 b) { return a + b; }
+static inline __m512 _mm512_fmadd_ps(__m512 a, __m512 b, __m512 c) { return a * b + c; }
+#endif
+"""
+AVX512_ATTR = '__attribute__((target("avx512f"))) '
 
 
 @dataclass
@@ -134,8 +152,11 @@ def _cases() -> Iterator[Case]:
     for m, n, k, b_const, trans_a, trans_b in ((29, 45, 70, False, False, False), (8, 12, 300, True, False, True),
                                                (3, 25, 40, False, True, False), (50, 7, 130, True, True, True),
                                                (9, 24, 20, False, False, False)):
-        yield Case(m, n, k, "neon", batch=2, a_stride=m * k, c_stride=m * n, b_const=b_const, trans_a=trans_a,
-                   trans_b=trans_b, epilogue=True)
+        for isa in ("neon", "avx512"):
+            yield Case(m, n, k, isa, batch=2, a_stride=m * k, c_stride=m * n, b_const=b_const, trans_a=trans_a,
+                       trans_b=trans_b, epilogue=True)
+    yield Case(12, 64, 50, "avx512", b_const=True)
+    yield Case(13, 100, 300, "avx512", trans_b=True)
 
 
 CASES = list(_cases())
@@ -174,6 +195,8 @@ def libs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[object, ob
     root = tmp_path_factory.mktemp("gemm")
     (root / "fake_neon").mkdir()
     (root / "fake_neon" / "arm_neon.h").write_text(FAKE_NEON)
+    (root / "fake_avx512").mkdir()
+    (root / "fake_avx512" / "immintrin.h").write_text(FAKE_AVX512)
     jobs = []
     for isa in sorted({c.isa for c in CASES}):
         group = [c for c in CASES if c.isa == isa]
@@ -182,8 +205,12 @@ def libs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[object, ob
             chunk = group[ch::nchunks]
             src = root / f"{isa}_{ch}.c"
             lib = root / f"{isa}_{ch}.so"
-            src.write_text(_source(chunk))
-            flags = ["-I", str(root / "fake_neon")] if isa == "neon" else []
+            text = _source(chunk)
+            flags = []
+            if isa in ("neon", "avx512"):
+                flags = ["-I", str(root / ("fake_neon" if isa == "neon" else "fake_avx512"))]
+                text = text.replace(AVX512_ATTR, "")
+            src.write_text(text)
             cmd = [CC, *BASE_FLAGS, "-shared", "-fPIC", *ISA_FLAGS[isa], *flags, str(src), "-o", str(lib)]
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             jobs.append((cmd, proc, lib, chunk))

@@ -149,7 +149,9 @@ def plan_gemm(spec: GemmSpec) -> GemmPlan:
         kc = _balanced(spec.k, isa.kc, 1)
     mc = spec.m if small_m else min(_balanced(spec.m, isa.mc, mr), _round_up(spec.m, mr))
     nc = min(_balanced(spec.n, isa.nc, nr), _round_up(spec.n, nr))
-    pack_a = not small_m
+    # Packing A pays off through reuse across column panels; with one or two panels (N <= 2 * NR) every A
+    # element is read once or twice anyway, so the kernel reads A in place.
+    pack_a = not small_m and _ceil_div(spec.n, nr) > 2
     mslabs, nslabs = _ceil_div(spec.m, mr), _ceil_div(spec.n, nr)
     if spec.b_const:
         # Row split costs nothing extra (each task packs only its rows of A); prefer it when there are
@@ -258,25 +260,35 @@ def render_gemm(spec: GemmSpec, epilogue: str = "", extra_params: str = "") -> s
         bps, bks = nr, spec.n
     else:
         bps, bks = plan.kc * nr, nr
-    # Micro-kernels to emit: (name, rows, panels, panel stride, k stride).  Names match kname() in the
-    # template: k{rows}x{panels}, suffix p for the variant reading a zero-padded packed panel.
-    kernels: list[tuple[str, int, int, int, int]] = []
+    # Micro-kernels to emit, named k{rows}x{panels}[p][h{vectors}] ("p": reads the zero-padded copy of
+    # the partial panel in direct-B mode; "h": computes only the first vectors of a panel, enough for a
+    # partial last panel of ne columns -- N=10 costs one vector of FMAs per row, not two).
+    kernels: dict[str, dict[str, int | str]] = {}
+
+    def kernel(rows: int, np_: int, packed: bool = False, kv: int = isa.nv) -> str:
+        name = f"k{rows}x{np_}{'p' if packed else ''}{f'h{kv}' if kv != isa.nv else ''}"
+        kbps, kbks = (plan.kc * nr, nr) if packed else (bps, bks)
+        kernels[name] = dict(name=name, rows=rows, np=np_, bps=kbps, bks=kbks, kv=kv)
+        return name
+
+    kv_part = _ceil_div(ne, isa.lanes) if ne else isa.nv
+    names = dict(k_main="", k_main_part="", k_edge="", k_edge_group="", k_edge_part="")
     if spec.m >= mr:
-        kernels.append((f"k{mr}x1", mr, 1, bps, bks))
+        names["k_main"] = kernel(mr, 1)
+        if ne:
+            names["k_main_part"] = kernel(mr, 1, plan.direct_b, kv_part)
     if me:
-        kernels.append((f"k{me}x1", me, 1, bps, bks))
+        names["k_edge"] = kernel(me, 1)
         if np_e > 1:
-            kernels.append((f"k{me}x{np_e}", me, np_e, bps, bks))
-    if plan.direct_b and ne:
-        # The partial last panel is copied into a zero-padded packed panel, read with packed strides.
-        kernels += [(f"k{rows}x1p", rows, 1, plan.kc * nr, nr) for rows in ([mr] if spec.m >= mr else []) + [me]
-                    if rows]
+            names["k_edge_group"] = kernel(me, np_e)
+        if ne:
+            names["k_edge_part"] = kernel(me, 1, plan.direct_b, kv_part)
     nb_packed = packed_b_shape(spec)
     ctx = dict(
         spec=spec, plan=plan, isa=isa, mr=mr, nr=nr, lanes=isa.lanes, nv=isa.nv,
         M=spec.m, N=spec.n, K=spec.k, KC=plan.kc, MC=plan.mc, NC=plan.nc,
         me=me, np_e=np_e, ne=ne, small_m=small_m, ars=ars, aks=aks, bps=bps, bks=bks,
-        kernels=kernels,
+        kernels=list(kernels.values()), **names,
         mslabs=_ceil_div(spec.m, mr), nslabs=_ceil_div(spec.n, nr),
         packed_b_batch=(nb_packed[1] * nb_packed[2] * nb_packed[3]) if spec.b_batch_stride else 0,
         epilogue=epilogue.strip(), extra_params=extra_params,

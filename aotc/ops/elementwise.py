@@ -21,8 +21,6 @@ _RUNTIME_F32 = {"exp": "aotc_expf", "log": "aotc_logf", "tanh": "aotc_tanhf", "e
 def math_fn(name: str, ctype: str) -> str:
     if ctype == "float":
         return _RUNTIME_F32.get(name, name + "f")
-    if name == "sigmoid":
-        return "aotc_sigmoid"
     return name
 
 
@@ -68,7 +66,16 @@ ew("Sqrt", lambda n, x, t: f"{math_fn('sqrt', t)}({x[0]})")
 ew("Exp", lambda n, x, t: f"{math_fn('exp', t)}({x[0]})")
 ew("Log", lambda n, x, t: f"{math_fn('log', t)}({x[0]})")
 ew("Tanh", lambda n, x, t: f"{math_fn('tanh', t)}({x[0]})")
-ew("Sigmoid", lambda n, x, t: f"{math_fn('sigmoid', t)}({x[0]})")
+
+
+def _sigmoid(_node: Node, x: list[str], t: str) -> str:
+    if t == "float":
+        return f"aotc_sigmoidf({x[0]})"
+    # libm has no sigmoid; the same split as aotc_sigmoidf keeps both tails accurate (NaN stays NaN).
+    return f"({x[0]} >= 0 ? 1 / (1 + exp(-{x[0]})) : exp({x[0]}) / (1 + exp({x[0]})))"
+
+
+ew("Sigmoid", _sigmoid)
 ew("Erf", lambda n, x, t: f"{math_fn('erf', t)}({x[0]})")
 ew("Sin", lambda n, x, t: f"{math_fn('sin', t)}({x[0]})")
 ew("Cos", lambda n, x, t: f"{math_fn('cos', t)}({x[0]})")

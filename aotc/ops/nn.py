@@ -34,11 +34,27 @@ def _same(node: Node):
 
 def _softmax_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
     outer, n, inner = softmax_layout(node)
-    fn = "aotc_log_softmax_row" if node.op == "LogSoftmax" else "aotc_softmax_row"
-    return (f"for (size_t r = task; r < {outer * inner}; r += ntasks) {{\n"
-            f"  size_t o = r / {inner}, k = r % {inner};\n"
-            f"  {fn}({ins[0]} + o * {n * inner} + k, {outs[0]} + o * {n * inner} + k, {n}, {inner});\n"
-            f"}}")
+    head = (f"for (size_t r = task; r < {outer * inner}; r += ntasks) {{\n"
+            f"  size_t o = r / {inner}, k = r % {inner};\n")
+    x, y = f"{ins[0]} + o * {n * inner} + k", f"{outs[0]} + o * {n * inner} + k"
+    if ctype == "float":  # the vectorized row kernels of runtime/aotc_rows.h
+        fn = "aotc_log_softmax_row" if node.op == "LogSoftmax" else "aotc_softmax_row"
+        return head + f"  {fn}({x}, {y}, {n}, {inner});\n}}"
+    # double: the same three passes (max, sum of exp, normalize) with libm, NaN propagating.
+    lines = [f"  const {ctype} *restrict xr = {x};",
+             f"  {ctype} *restrict yr = {y};",
+             f"  {ctype} m = -INFINITY, s = 0;",
+             f"  for (size_t i = 0; i < {n}; i++) {{ const {ctype} v = xr[i * {inner}]; "
+             f"m = (v > m || v != v) ? v : m; }}"]
+    if node.op == "LogSoftmax":
+        lines += [f"  for (size_t i = 0; i < {n}; i++) s += exp(xr[i * {inner}] - m);",
+                  f"  const {ctype} lse = m + log(s);",
+                  f"  for (size_t i = 0; i < {n}; i++) yr[i * {inner}] = xr[i * {inner}] - lse;"]
+    else:
+        lines += [f"  for (size_t i = 0; i < {n}; i++) {{ yr[i * {inner}] = exp(xr[i * {inner}] - m); "
+                  f"s += yr[i * {inner}]; }}",
+                  f"  for (size_t i = 0; i < {n}; i++) yr[i * {inner}] /= s;"]
+    return head + "\n".join(lines) + "\n}"
 
 
 register(OpDef("Softmax", "kernel", _same, emit=_softmax_emit))

@@ -41,7 +41,11 @@ def _reshape_infer(node: Node):
 
 def _flatten_infer(node: Node):
     x = _in(node)
-    axis = norm_axis(node.attr("axis", 1), len(x.shape) + 1, node)
+    rank = len(x.shape)
+    axis = int(node.attr("axis", 1))
+    if not -rank <= axis <= rank:  # Flatten's axis may equal the rank; a negative one counts from it
+        raise AotcError(f"Flatten node {node.name!r}: axis {axis} out of range for rank {rank}")
+    axis = axis + rank if axis < 0 else axis
     outer = int(np.prod(x.shape[:axis]))
     return [((outer, int(np.prod(x.shape[axis:]))), x.dtype)]
 
