@@ -125,22 +125,27 @@ def _cases() -> Iterator[Case]:
     sizes = [(1, 1, 1), (1, 3, 17), (3, 17, 1), (17, 3, 64), (64, 127, 300), (127, 64, 17), (300, 17, 127),
              (6, 16, 256), (7, 33, 257), (5, 100, 520), (2, 48, 40), (13, 10, 512), (128, 128, 513)]
     for isa in RUN_ISAS:
+        # The fastest ISA of this host gets the full matrix; the portable fallback every other entry (its
+        # tile shape differs, so it still meets every code path), which keeps the compile time down.
+        def pick(seq: list, isa: str = isa) -> list:
+            return seq if isa == NATIVE else seq[::2]
+
         for m, n, k in sizes:
-            for b_const in (False, True):
+            for b_const in pick([False, True]) if isa == NATIVE else [(m + n + k) % 2 == 0]:
                 yield Case(m, n, k, isa, b_const=b_const)
         for trans_a, trans_b in ((True, False), (False, True), (True, True)):
-            for m, n, k, b_const in ((1, 17, 64, False), (5, 33, 300, True), (64, 127, 300, False),
-                                     (127, 64, 17, True), (300, 40, 257, False), (3, 3, 3, True)):
+            for m, n, k, b_const in pick([(1, 17, 64, False), (5, 33, 300, True), (64, 127, 300, False),
+                                          (127, 64, 17, True), (300, 40, 257, False), (3, 3, 3, True)]):
                 yield Case(m, n, k, isa, trans_a=trans_a, trans_b=trans_b, b_const=b_const)
         # Batches: shared A or B (stride 0) and strides with gaps, which must be honoured.
         for a_shared, b_shared in ((False, False), (True, False), (False, True)):
-            for m, n, k, b_const, trans_b in ((3, 17, 64, False, False), (65, 40, 100, False, True),
-                                              (17, 33, 127, True, False), (1, 10, 300, True, True)):
+            for m, n, k, b_const, trans_b in pick([(3, 17, 64, False, False), (65, 40, 100, False, True),
+                                                   (17, 33, 127, True, False), (1, 10, 300, True, True)]):
                 yield Case(m, n, k, isa, batch=3, a_stride=0 if a_shared else m * k + 5,
                            b_stride=0 if b_shared else k * n + 3, c_stride=m * n + 7, trans_b=trans_b,
                            b_const=b_const, ntasks=(1, 2, 3, 7))
-        for m, n, k, b_const in ((1, 512, 784, True), (64, 10, 512, True), (70, 45, 300, False),
-                                 (5, 21, 33, False), (127, 300, 64, True)):
+        for m, n, k, b_const in pick([(1, 512, 784, True), (64, 10, 512, True), (70, 45, 300, False),
+                                      (5, 21, 33, False), (127, 300, 64, True)]):
             yield Case(m, n, k, isa, batch=2, a_stride=m * k, c_stride=m * n, b_const=b_const, epilogue=True,
                        ntasks=(1, 3, 4))
     for m, n, k, b_const in ((300, 300, 300, False), (64, 512, 784, True), (600, 40, 200, True),
@@ -210,6 +215,7 @@ def libs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[object, ob
             if isa in ("neon", "avx512"):
                 flags = ["-I", str(root / ("fake_neon" if isa == "neon" else "fake_avx512"))]
                 text = text.replace(AVX512_ATTR, "")
+                flags += ["-Wno-psabi"] if isa == "avx512" else []  # the stand-in passes 64-byte vectors
             src.write_text(text)
             cmd = [CC, *BASE_FLAGS, "-shared", "-fPIC", *ISA_FLAGS[isa], *flags, str(src), "-o", str(lib)]
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -798,15 +798,6 @@ XFAIL: dict[str, tuple[str, type[BaseException]]] = {
     "reduce-ReduceLogSumExp_large_values": (
         "ReduceLogSumExp is log(sum(exp(x))) without subtracting the max: exp overflows for x > ~88 "
         "(a max-shifted form needs two passes, which the Reduction rule cannot express)", AssertionError),
-    "zero_size-MatMul_k0": (
-        "codegen/gemm.py raises ValueError('GEMM sizes must be >= 1') for a MatMul with K=0 "
-        "(the result should be zeros)", ValueError),
-    "zero_size-MatMul_m0": (
-        "codegen/gemm.py raises ValueError('GEMM sizes must be >= 1') for a MatMul with M=0 (empty result)",
-        ValueError),
-    "shape-Dropout_mask": (
-        "simplify replaces Dropout's mask by a constant only for node consumers, so a mask that is a "
-        "graph output is left undefined (graph.verify: output 'y1' is not defined)", AssertionError),
 }
 
 

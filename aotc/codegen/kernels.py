@@ -79,7 +79,7 @@ def gemm_spec(k: Kernel, isa: str, fn: str = "gemm") -> gemm_gen.GemmSpec | None
     assert mm is not None
     a, b = mm.inputs[0], mm.inputs[1]
     out = mm.outputs[0]
-    if out.dtype != np.float32 or len(a.shape) < 2 or len(b.shape) < 2:
+    if out.dtype != np.float32 or len(a.shape) < 2 or len(b.shape) < 2 or 0 in (*a.shape, *b.shape):
         return None
     m, kk = a.shape[-2:]
     n = b.shape[-1]

@@ -54,7 +54,7 @@ def simplify(graph: Graph) -> bool:
         x = n.inputs[0] if n.inputs else None
         if n.op in ("Identity", "Dropout"):
             replace[id(n.outputs[0])] = x  # type: ignore[assignment]
-            if len(n.outputs) > 1 and id(n.outputs[1]) in users:
+            if len(n.outputs) > 1 and (id(n.outputs[1]) in users or any(o is n.outputs[1] for o in graph.outputs)):
                 mask = Graph.constant(np.ones(n.outputs[1].shape, np.bool_), "mask")
                 replace[id(n.outputs[1])] = mask
             rw.changed = True
