@@ -8,6 +8,8 @@ several threads may run one model at once.
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -46,7 +48,7 @@ class CompiledModel:
         self._ffi = cffi.FFI()
         self._ffi.cdef((prefix.parent / f"{self.name}.cdef").read_text())
         try:
-            self._lib = self._ffi.dlopen(str(self.library_path.resolve()))
+            self._lib = self._ffi.dlopen(_fresh_path(self.library_path))
         except OSError as e:
             raise AotcError(f"cannot load {self.library_path}: {e}") from None
         self._run = getattr(self._lib, f"{self.name}_run_v")
@@ -116,6 +118,21 @@ class CompiledModel:
 
     def __call__(self, **feeds: object) -> list[np.ndarray]:
         return self.run(feeds)
+
+
+_LOADED: dict[str, int] = {}
+
+
+def _fresh_path(lib: Path) -> str:
+    """The path to dlopen. The dynamic loader returns the library already loaded from a path even
+    after it was rebuilt, so a rebuilt library is loaded from a private copy instead."""
+    key = str(lib.resolve())
+    stamp = lib.stat().st_mtime_ns if lib.exists() else 0
+    if _LOADED.setdefault(key, stamp) == stamp:
+        return key
+    copy = Path(tempfile.mkdtemp(prefix="aotc-")) / lib.name
+    shutil.copy2(lib, copy)
+    return str(copy)
 
 
 def _np_name(dtype: str) -> str:

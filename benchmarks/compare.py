@@ -68,9 +68,10 @@ def main() -> None:
                 h = np.maximum(h @ ws[2] + ws[3], 0)
                 return h @ ws[4] + ws[5]
             cases.append((f"MLP 784-512-512-10 b{batch}", model, feeds, np_mlp))
-        for label, model, feeds, np_fn in cases:
+        for i, (label, model, feeds, np_fn) in enumerate(cases):
             t0 = time.perf_counter()
-            res = compile_model(model, Path(tmp) / label.split()[0].replace("(", "_"), "bench")
+            # One directory and name per case: a process cannot dlopen two libraries from one path.
+            res = compile_model(model, Path(tmp) / f"case{i}", f"bench{i}")
             compile_s = time.perf_counter() - t0
             m = aotc.load(res.prefix)
             sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])

@@ -193,3 +193,11 @@ def test_recompiling_an_unchanged_model_does_not_rebuild(tmp_path):
     before = {p: p.stat().st_mtime_ns for p in [lib, *objs]}
     compile_model(dense_relu(), tmp_path, "inc")
     assert {p: p.stat().st_mtime_ns for p in [lib, *objs]} == before
+
+
+def test_reloading_a_rebuilt_library_in_one_process(tmp_path):
+    a = aotc.compile(mlp(1, sizes=(8, 4)), out_dir=tmp_path, name="same")
+    b = aotc.compile(mlp(3, sizes=(8, 4)), out_dir=tmp_path, name="same")
+    assert a.inputs[0].shape == (1, 8) and b.inputs[0].shape == (3, 8)
+    x = np.ones((3, 8), np.float32)
+    np.testing.assert_allclose(b.run({"x": x})[0][2], a.run({"x": x[:1]})[0][0], rtol=1e-6)

@@ -281,7 +281,7 @@ def test_gemm(case: Case, libs: dict[str, tuple[object, object]]) -> None:
         args = (fb("float[]", a), fb("float[]", b_buf), fb("float[]", c), fb("float[]", scratch))
         if case.threads and ntasks > 1:
             with ThreadPoolExecutor(ntasks) as pool:
-                list(pool.map(lambda t, n=ntasks: run(*args, t, n, bias_ptr), range(ntasks)))
+                list(pool.map(lambda t, n=ntasks, args=args: run(*args, t, n, bias_ptr), range(ntasks)))
         else:
             for t in range(ntasks):
                 run(*args, t, ntasks, bias_ptr)
@@ -355,7 +355,11 @@ SAN_MAIN = r"""
 #include <stdio.h>
 #include <stdlib.h>
 
-static float frand(unsigned *s) { *s = *s * 1664525u + 1013904223u; return (float)((*s >> 8) & 0xffff) / 65536.0f - 0.5f; }
+static float frand(unsigned *s)
+{
+    *s = *s * 1664525u + 1013904223u;
+    return (float)((*s >> 8) & 0xffff) / 65536.0f - 0.5f;
+}
 
 typedef void (*gemm_fn)(const float *, const float *, float *, float *, size_t, size_t, const float *);
 
