@@ -68,6 +68,10 @@ EXTRA_CASES = [
     Case("A^T 512x512x512", 512, 512, 512, trans_a=True),
     Case("attn 12x128x128x64", 128, 128, 64, batch=12),
     Case("batch 8x64x512x512 Wshr", 64, 512, 512, b_const=True, batch=8, b_shared=True),
+    Case("small M=4 784->512", 4, 512, 784, b_const=True),
+    Case("small M=8 784->512", 8, 512, 784, b_const=True),
+    Case("small M=16 784->512", 16, 512, 784, b_const=True),
+    Case("small M=32 784->512", 32, 512, 784, b_const=True),
 ]
 
 

@@ -135,7 +135,8 @@ def _cases() -> Iterator[Case]:
                 yield Case(m, n, k, isa, b_const=b_const)
         for trans_a, trans_b in ((True, False), (False, True), (True, True)):
             for m, n, k, b_const in pick([(1, 17, 64, False), (5, 33, 300, True), (64, 127, 300, False),
-                                          (127, 64, 17, True), (300, 40, 257, False), (3, 3, 3, True)]):
+                                          (127, 64, 17, True), (300, 40, 257, False), (3, 3, 3, True),
+                                          (40, 13, 70, False)]):
                 yield Case(m, n, k, isa, trans_a=trans_a, trans_b=trans_b, b_const=b_const)
         # Batches: shared A or B (stride 0) and strides with gaps, which must be honoured.
         for a_shared, b_shared in ((False, False), (True, False), (False, True)):
@@ -403,7 +404,8 @@ def test_sanitizers(tmp_path: Path) -> None:
                   GemmSpec(f"san_b_{isa}", 5, 21, 70, trans_a=True, isa=isa),
                   GemmSpec(f"san_c_{isa}", 20, 45, 33, trans_b=True, isa=isa),
                   GemmSpec(f"san_d_{isa}", 1, 19, 9, isa=isa),
-                  GemmSpec(f"san_e_{isa}", 13, 40, 520, trans_a=True, trans_b=True, isa=isa)]
+                  GemmSpec(f"san_e_{isa}", 13, 40, 520, trans_a=True, trans_b=True, isa=isa),
+                  GemmSpec(f"san_f_{isa}", 20, 13, 40, trans_a=True, isa=isa)]
     src = "".join(render_gemm(s, "v = v + bias[j]; v = (v < 0.0f ? 0.0f : v);", ", const float *restrict bias")
                   for s in specs) + SAN_MAIN
     calls = "".join(f'    bad |= check("{s.fn}", {s.fn}, {s.m}, {s.n}, {s.k}, {int(s.trans_a)}, {int(s.trans_b)},'

@@ -1,25 +1,29 @@
 """Generator for fp32 GEMM kernels specialised for constant shapes.
 
 Every ONNX MatMul/Gemm the compiler sees has M, N and K fixed at compile time, so instead of calling a
-general BLAS we emit one C function per GEMM in which all sizes, strides and block sizes are literals.
-The algorithm is the classic Goto/BLIS decomposition (described, not copied, from the literature):
+general BLAS we emit one C function per GEMM in which all sizes, strides and block sizes are literals
+(rendered from ``templates/gemm.c.j2``).  The algorithm is the Goto/BLIS decomposition, written from its
+published description:
 
-* ``B`` is cut into KC x NC blocks that are packed into panels ``NR`` columns wide (each KC x NR
-  micro-panel is contiguous, zero padded at the right edge) so the micro-kernel streams it linearly.
-  A block of packed ``B`` lives in L2/L3 and one micro-panel of it stays in L1 while it is reused
-  against every row panel of ``A``.
+* ``B`` is cut into KC x NC blocks packed into panels ``NR`` columns wide; each KC x NR micro-panel is
+  contiguous (zero padded past N), so the micro-kernel streams it linearly.  One micro-panel stays in
+  L1 while every MR-row panel of the A block passes over it.
 * ``A`` is cut into MC x KC blocks copied into a contiguous buffer that stays in L2.
-* An MR x NR register tile of ``C`` is computed by a micro-kernel that keeps the whole tile in
-  vector registers: per ``k`` it loads one row of the ``B`` micro-panel, broadcasts MR elements of
-  ``A`` and does MR * NR / lanes fused multiply-adds.
+* An MR x NR register tile of ``C`` lives in vector registers for a whole K block: per ``k`` the
+  micro-kernel loads one row of the B micro-panel, broadcasts MR elements of A and does MR * NR / lanes
+  fused multiply-adds.
 
-When ``B`` is a constant (weights) the packing happens here, at compile time, in :func:`pack_b`, and the
-kernel reads the packed array directly.
+When ``B`` is a constant (weights) it is packed here, at compile time, by :func:`pack_b`.  Shapes that
+get no reuse from a copy skip it: with M <= MR (GEMV-like) A is read in place, K is not blocked and a
+run-time row-major B is streamed in place too; with N <= 2 * NR, A is read in place.  The rows left over
+after the full MR panels use a shorter kernel that covers several column panels per call (so M=1 still
+has 12 independent accumulators); a partial last column panel is computed into a small local tile and
+merged.  An optional epilogue runs over each group of finished columns while it is still in cache.
 
-Determinism: every output element is computed the same way whatever tile, kernel shape or task
-computes it -- for each K block (fixed per spec) an accumulator starts at zero, takes the K block's
-products in order with FMA (no FMA for ``generic``), and is then stored (first block) or added to C.
-So results are bit-identical for every ``ntasks`` and for every way the tiles are split.
+Determinism: every output element is computed the same way whatever tile, kernel shape or task computes
+it -- for each K block (fixed per spec) an accumulator starts at zero, takes the block's products in k
+order with one FMA each (a multiply and an add for ``generic``), and is then stored (first block) or
+added to C.  Tasks split rows or columns, never K, so results are bit-identical for every ``ntasks``.
 """
 
 from __future__ import annotations
@@ -53,13 +57,18 @@ class IsaParams:
         return self.nv * self.lanes
 
 
-# Block sizes are tuned for a 32 KiB L1d / 512 KiB L2 core (Zen 3, Skylake-SP and most recent Arm cores
-# have this or more).  avx2: 6x16 tile = 12 ymm accumulators + 2 for B + 1 broadcast of the 16 registers.
-# avx512: 12x32 = 24 zmm accumulators of 32.  neon: 8x12 = 24 q accumulators of 32.  generic: 4x8 with
-# 16-byte vectors, which any target (SSE2, NEON, or scalar fallback) handles.
+# Block sizes assume a 32 KiB L1d and >= 512 KiB L2 per core (Zen 3/4, Skylake-SP and later, Neoverse).
+# The KC x NR micro-panel of B that stays in L1 while the A row panels stream past it should fill at most
+# about half of L1: 256 x 16 floats = 16 KiB for avx2, 128 x 32 = 16 KiB for avx512 (its 32-wide panels).
+# The MC x KC block of packed A stays in L2 (avx2: 120 x 256 x 4 = 120 KiB, leaving room for the B block
+# streaming through); the KC x NC block of B is sized for a share of L3.
+# Tiles: avx2 6x16 = 12 ymm accumulators + 2 for B + 1 broadcast of the 16 registers; avx512 12x32 = 24 of
+# 32 zmm; neon 8x12 = 24 of 32 q registers; generic 4x8 with 16-byte vectors, which every target handles
+# (SSE2, NEON, or a scalar fallback).  avx2 values were checked on Zen 3 (benchmarks/gemm_kernel.py); the
+# others follow the same rules but are untuned.
 ISAS: dict[str, IsaParams] = {
     "avx2": IsaParams("avx2", lanes=8, mr=6, nv=2, acc_budget=12, kc=256, mc=120, nc=3072),
-    "avx512": IsaParams("avx512", lanes=16, mr=12, nv=2, acc_budget=24, kc=256, mc=144, nc=3072),
+    "avx512": IsaParams("avx512", lanes=16, mr=12, nv=2, acc_budget=24, kc=128, mc=240, nc=3072),
     "neon": IsaParams("neon", lanes=4, mr=8, nv=3, acc_budget=24, kc=256, mc=128, nc=3072),
     "generic": IsaParams("generic", lanes=4, mr=4, nv=2, acc_budget=8, kc=256, mc=128, nc=3072),
 }
@@ -67,24 +76,24 @@ ISAS: dict[str, IsaParams] = {
 
 @dataclass(frozen=True)
 class GemmSpec:
-    """One GEMM ``C[b] = A[b] @ B[b]`` with every size known at compile time.
+    """One GEMM ``C[b] = A[b] @ B[b]`` (b < batch) with every size known at compile time.
 
-    ``*_batch_stride`` are in elements; 0 means the operand is shared by all batch entries (for
-    example constant weights multiplied with a batch of activations).
+    The batch strides default to 0 (they need a default to follow ``batch`` in a dataclass); 0 means the
+    operand is shared by all batch entries, e.g. constant weights applied to a batch of activations.
     """
 
-    fn: str
+    fn: str  # C name of the emitted function (its helpers get this as a prefix)
     m: int
     n: int
     k: int
-    batch: int = 1
-    a_batch_stride: int = 0
-    b_batch_stride: int = 0
-    c_batch_stride: int = 0
-    trans_a: bool = False
-    trans_b: bool = False
-    b_const: bool = False
-    isa: str = "avx2"
+    batch: int = 1  # number of independent GEMMs
+    a_batch_stride: int = 0  # elements between consecutive A matrices (0: one shared A)
+    b_batch_stride: int = 0  # same for B (0: one shared B)
+    c_batch_stride: int = 0  # same for C (>= m * n when batch > 1)
+    trans_a: bool = False  # A stored as [K, M] instead of [M, K]
+    trans_b: bool = False  # B stored as [N, K] instead of [K, N]
+    b_const: bool = False  # B is a compile-time constant, passed to the kernel as pack_b()'s output
+    isa: str = "avx2"  # "avx512" | "avx2" | "neon" | "generic"
 
     def __post_init__(self) -> None:
         if not self.fn.isidentifier() or not self.fn.isascii():
@@ -128,7 +137,11 @@ def _ceil_div(x: int, m: int) -> int:
 
 
 def _balanced(total: int, cap: int, mult: int) -> int:
-    """Largest block <= cap (a multiple of mult) giving equal-ish blocks, so no tiny last block wastes a pass."""
+    """Block size (a multiple of mult, at most cap) that cuts total into the fewest equal-ish blocks.
+
+    Equal blocks avoid a short last block, which would pay a full pass over C (K blocks) or repack
+    (M and N blocks) for little work.
+    """
     if total <= cap:
         return _round_up(total, mult)
     nblocks = _ceil_div(total, cap)
@@ -242,7 +255,6 @@ def render_gemm(spec: GemmSpec, epilogue: str = "", extra_params: str = "") -> s
     plan = plan_gemm(spec)
     isa = plan.isa
     mr, nr = isa.mr, isa.nr
-    small_m = spec.m <= mr
     # Rows left after the full MR panels of the last M block: handled by a shorter kernel, which can
     # cover several NR panels at once because it needs fewer accumulators per panel.
     me = spec.m % mr
@@ -285,9 +297,9 @@ def render_gemm(spec: GemmSpec, epilogue: str = "", extra_params: str = "") -> s
             names["k_edge_part"] = kernel(me, 1, plan.direct_b, kv_part)
     nb_packed = packed_b_shape(spec)
     ctx = dict(
-        spec=spec, plan=plan, isa=isa, mr=mr, nr=nr, lanes=isa.lanes, nv=isa.nv,
+        spec=spec, plan=plan, isa=isa, mr=mr, nr=nr, lanes=isa.lanes,
         M=spec.m, N=spec.n, K=spec.k, KC=plan.kc, MC=plan.mc, NC=plan.nc,
-        me=me, np_e=np_e, ne=ne, small_m=small_m, ars=ars, aks=aks, bps=bps, bks=bks,
+        me=me, np_e=np_e, ne=ne, ars=ars, aks=aks, bps=bps,
         kernels=list(kernels.values()), **names,
         mslabs=_ceil_div(spec.m, mr), nslabs=_ceil_div(spec.n, nr),
         packed_b_batch=(nb_packed[1] * nb_packed[2] * nb_packed[3]) if spec.b_batch_stride else 0,
