@@ -132,6 +132,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="shorter timing batches")
     ap.add_argument("--only", default="", help="substring filter on case labels")
     ap.add_argument("--all", action="store_true", help="also run the extra shapes")
+    ap.add_argument("--batches", type=int, help="timed batches per side (default 15, 7 with --quick)")
     ap.add_argument("--kc", type=int, help="override the ISA's K block cap (tuning)")
     ap.add_argument("--mc", type=int, help="override the ISA's M block cap (tuning)")
     ap.add_argument("--nc", type=int, help="override the ISA's N block cap (tuning)")
@@ -141,7 +142,7 @@ def main() -> None:
         ISAS[args.isa] = dataclasses.replace(ISAS[args.isa], **overrides)
     cases = [c for c in CASES + (EXTRA_CASES if args.all else []) if args.only in c.label]
     min_batch = 0.02 if args.quick else 0.1
-    batches = 7 if args.quick else 15
+    batches = args.batches or (7 if args.quick else 15)
     specs = [GemmSpec(f"g{i}", c.m, c.n, c.k, batch=c.batch, a_batch_stride=c.m * c.k,
                       b_batch_stride=0 if c.b_shared else c.k * c.n, c_batch_stride=c.m * c.n,
                       trans_a=c.trans_a, trans_b=c.trans_b, b_const=c.b_const, isa=args.isa)
