@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import onnx
 
@@ -20,6 +21,9 @@ from aotc.passes.pipeline import run_passes
 from aotc.passes.prune import apply_config
 from aotc.resources import runtime_dir, templates_dir
 from aotc.target import resolve
+
+if TYPE_CHECKING:
+    from aotc.bindings import CompiledModel
 
 
 @dataclass
@@ -135,5 +139,3 @@ def _default_name(path: Path) -> str:
     stem = re.sub(r"[^A-Za-z0-9_]", "_", path.stem) or "model"
     return stem if stem[0].isalpha() else "m_" + stem
 
-
-from aotc.bindings import CompiledModel  # noqa: E402

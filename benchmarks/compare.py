@@ -40,10 +40,10 @@ def main() -> None:
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     import numpy as np
     import onnxruntime as ort
+    from models import mlp, reduce_sum_xyz
 
     import aotc
     from aotc.compiler import compile_model
-    from models import mlp, reduce_sum_xyz
 
     iters, secs = (5, 0.2) if args.quick else (50, 2.0)
     opts = ort.SessionOptions()
@@ -61,7 +61,7 @@ def main() -> None:
         for batch in (1, 64):
             model = mlp(batch)
             feeds = {"x": rng.standard_normal((batch, 784)).astype(np.float32)}
-            ws = [np.asarray(onnx_init) for onnx_init in _weights(model)]
+            ws = _weights(model)
 
             def np_mlp(f, ws=ws):
                 h = np.maximum(f["x"] @ ws[0] + ws[1], 0)
@@ -75,9 +75,9 @@ def main() -> None:
             compile_s = time.perf_counter() - t0
             m = aotc.load(res.prefix)
             sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-            t_aotc = _median_seconds(lambda: m.run(feeds), iters, secs)
-            t_ort = _median_seconds(lambda: sess.run(None, feeds), iters, secs)
-            t_np = _median_seconds(lambda: np_fn(feeds), iters, secs)
+            t_aotc = _median_seconds(lambda m=m, f=feeds: m.run(f), iters, secs)
+            t_ort = _median_seconds(lambda s=sess, f=feeds: s.run(None, f), iters, secs)
+            t_np = _median_seconds(lambda fn=np_fn, f=feeds: fn(f), iters, secs)
             err = float(np.max(np.abs(m.run(feeds)[0] - sess.run(None, feeds)[0])))
             rows.append((label, compile_s, t_aotc, t_ort, t_np, err, res.num_kernels))
     print(f"threads={args.threads}")

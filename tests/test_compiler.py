@@ -20,7 +20,7 @@ def test_reduce_sum_of_x_plus_y_times_z_is_one_kernel(tmp_path):
     k = res.graph.kernels[0]
     assert k.ops == ["Mul", "Add", "ReduceSum"]
     assert res.graph.memory.workspace_bytes == 0  # no intermediate written
-    assert [v.name for v in k.inputs] == ["y", "z", "x"] or len(k.inputs) == 3
+    assert sorted(v.name for v in k.inputs) == ["x", "y", "z"]  # each read once, nothing else
     m = aotc.load(tmp_path / "rs")
     feeds = random_feeds(m)
     (r,) = m.run(feeds)
@@ -55,7 +55,10 @@ def test_mlp_784_512_512_10(tmp_path, batch):
     model = mlp(batch)
     m = aotc.compile(model, out_dir=tmp_path, name="mlp")
     assert m.num_kernels == 3  # one GEMM kernel per layer, bias and relu fused
-    assert m.metadata["workspace_bytes"] < m.metadata["intermediate_bytes"] or batch == 1
+    # Two 512-wide activations: at batch 64 the plan reuses memory, below the sum of intermediates.
+    assert m.metadata["workspace_bytes"] <= m.metadata["intermediate_bytes"]
+    if batch == 64:
+        assert m.metadata["workspace_bytes"] < m.metadata["intermediate_bytes"]
     feeds = random_feeds(m)
     np.testing.assert_allclose(m.run(feeds)[0], ort_run(model, feeds)[0], rtol=1e-4, atol=1e-4)
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from aotc.codegen import gemm as gemm_gen
-from aotc.codegen.loops import _Emitter, _identity, emit_loop_kernel
+from aotc.codegen.loops import Access, Emitter, emit_loop_kernel, identity_map
 from aotc.errors import AotcError
 from aotc.ir import dtypes
 from aotc.ir.graph import Graph, Value
@@ -133,7 +133,6 @@ def _emit_gemm(k: Kernel, fn: str, isa: str) -> KernelSource:
     if spec is None:
         return _naive_matmul(k, fn, args, names, ptrs)
     epi_lines, epi_params = _epilogue(k, ptrs)
-    gemm_args = []
     if spec.b_const:
         packed = Graph.constant(gemm_gen.pack_b(b.const, spec), f"{b.name}_packed")
         args.append((packed, "in"))
@@ -149,9 +148,8 @@ def _emit_gemm(k: Kernel, fn: str, isa: str) -> KernelSource:
         helpers = gemm_gen.render_gemm(spec, epilogue=" ".join(epi_lines),
                                        extra_params="".join(f", {p}" for p, _ in epi_params))
         body = f"{spec.fn}({', '.join(gemm_args + [n for _, n in epi_params])});"
-    src = _function(fn, k, args, names, body, scratch=gemm_gen.scratch_bytes(spec, 1) > 0,
-                    helpers=helpers + "\n")
-    return src
+    return _function(fn, k, args, names, body, scratch=gemm_gen.scratch_bytes(spec, 1) > 0,
+                     helpers=helpers + "\n")
 
 
 def _epilogue(k: Kernel, ptrs: dict[int, str]) -> tuple[list[str] | None, list[tuple[str, str]]]:
@@ -161,15 +159,15 @@ def _epilogue(k: Kernel, ptrs: dict[int, str]) -> tuple[list[str] | None, list[t
     if len(k.nodes) == 1:
         return None, []
     rank = len(out.shape)
-    em = _Emitter(k, ptrs, rank)
-    em.memo[(id(mm.outputs[0]), _identity(rank), "epilogue")] = "v"
-    root = em.value(out, _identity(rank), "epilogue")
+    em = Emitter(k, ptrs, rank)
+    em.memo[(id(mm.outputs[0]), identity_map(rank), "epilogue")] = "v"
+    root = em.value(out, identity_map(rank), "epilogue")
     extents = list(out.shape)
     loop_var = {rank - 1: "j", rank - 2: "i"}
     params: list[tuple[str, str]] = []
     seen: set[str] = set()
 
-    def addr(acc) -> str:
+    def addr(acc: Access) -> str:
         terms = [str(acc.base)] if acc.base else []
         batch = list(range(rank - 2))
         for d in batch[:-1]:
@@ -187,10 +185,7 @@ def _epilogue(k: Kernel, ptrs: dict[int, str]) -> tuple[list[str] | None, list[t
         return f"{acc.ptr}[{' + '.join(terms) or '0'}]"
 
     try:
-        lines = []
-        for line in em.sections["epilogue"]:
-            parts = line.split("@")
-            lines.append("".join(addr(em.accesses[int(p)]) if i % 2 else p for i, p in enumerate(parts)))
+        lines = em.render("epilogue", addr)
     except _NotAffine:
         raise AotcError("internal: GEMM epilogue with a non-collapsible batch broadcast") from None
     lines.append(f"v = {root};")

@@ -13,6 +13,7 @@ compiler vectorizes that without -ffast-math, and the result does not depend on 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,7 +45,9 @@ def contiguous_strides(shape: tuple[int, ...]) -> list[int]:
     return strides[::-1]
 
 
-class _Emitter:
+class Emitter:
+    """Emits a kernel's values as SSA temps; memory reads are @N@ placeholders into ``accesses``."""
+
     def __init__(self, kernel: Kernel, ptrs: dict[int, str], nloops: int) -> None:
         self.inside = {id(n) for n in kernel.nodes}
         self.kernel = kernel
@@ -65,6 +68,14 @@ class _Emitter:
                 coeffs[loop] += stride * scale
         self.accesses.append(Access(ptr, base, coeffs))
         return len(self.accesses) - 1
+
+    def render(self, section: str, addr: Callable[[Access], str]) -> list[str]:
+        """The section's statements with every @N@ placeholder replaced by ``addr(accesses[N])``."""
+        res = []
+        for line in self.sections[section]:
+            parts = line.split("@")
+            res.append("".join(addr(self.accesses[int(p)]) if i % 2 else p for i, p in enumerate(parts)))
+        return res
 
     def value(self, v: Value, imap: IndexMap, section: str) -> str:
         key = (id(v), imap, section)
@@ -98,7 +109,7 @@ class _Emitter:
         return name
 
 
-def _identity(rank: int) -> IndexMap:
+def identity_map(rank: int) -> IndexMap:
     return tuple((d, 1, 0) for d in range(rank))
 
 
@@ -120,10 +131,10 @@ def emit_loop_kernel(k: Kernel, ptrs: dict[int, str]) -> str:
         n_kept = len(kept)
     else:
         extents = list(out.shape)
-        out_map = _identity(len(out.shape))
+        out_map = identity_map(len(out.shape))
         n_kept = len(extents)
 
-    em = _Emitter(k, ptrs, len(extents))
+    em = Emitter(k, ptrs, len(extents))
     rule = red and OPS[red.op].reduction
     if red is not None:
         assert rule is not None
@@ -154,14 +165,7 @@ def emit_loop_kernel(k: Kernel, ptrs: dict[int, str]) -> str:
                 terms.append(var[g[-1]] if c == 1 else f"{c} * {var[g[-1]]}")
         return f"{a.ptr}[{' + '.join(terms) or '0'}]"
 
-    def render(lines: list[str]) -> list[str]:
-        res = []
-        for line in lines:
-            parts = line.split("@")
-            res.append("".join(addr(em.accesses[int(p)]) if i % 2 else p for i, p in enumerate(parts)))
-        return res
-
-    body, epilogue = render(em.sections["body"]), render(em.sections["epilogue"])
+    body, epilogue = em.render("body", addr), em.render("epilogue", addr)
     code: list[str] = []
     indent = ""
 

@@ -57,7 +57,3 @@ def from_name(name: str) -> np.dtype:
 
 def is_supported(dt: np.dtype) -> bool:
     return np.dtype(dt) in _TABLE
-
-
-def is_float(dt: np.dtype) -> bool:
-    return np.dtype(dt).kind == "f"

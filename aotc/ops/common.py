@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from aotc.errors import AotcError
-from aotc.ir.graph import Node, Value
+from aotc.ir.graph import Node
 
 
 def broadcast_shapes(*shapes: tuple[int, ...], where: str = "") -> tuple[int, ...]:
@@ -26,10 +26,6 @@ def const_input(node: Node, i: int, what: str) -> np.ndarray | None:
     if not v.is_const:
         raise AotcError(f"{node.op} node {node.name!r}: {what} must be a compile-time constant")
     return v.const
-
-
-def present(node: Node, i: int) -> Value | None:
-    return node.inputs[i] if i < len(node.inputs) else None
 
 
 def norm_axis(axis: int, rank: int, node: Node) -> int:
