@@ -2,7 +2,8 @@
 
 cffi's ABI mode reads the declarations aotc wrote next to the library (NAME.cdef), so loading needs
 no C compiler. cffi releases the GIL during the call; each thread gets its own workspace, so
-several threads may run one model at once.
+several threads may run one model at once. ``threads=N`` runs each kernel on N threads of a pool;
+models given the same ``ThreadPool`` share its threads instead of oversubscribing the machine.
 """
 
 from __future__ import annotations
@@ -11,14 +12,19 @@ import json
 import shutil
 import tempfile
 import threading
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import cffi
 import numpy as np
 
 from aotc.errors import AotcError
+
+if TYPE_CHECKING:
+    from aotc.profile import Profile
 
 
 @dataclass(frozen=True)
@@ -28,10 +34,31 @@ class TensorSpec:
     shape: tuple[int, ...]
 
 
-class CompiledModel:
-    """A compiled model: ``run(feeds) -> [outputs]`` in fetch order; ``.inputs``/``.outputs``."""
+class ThreadPool:
+    """A pthread pool made by a compiled library (any aotc library's pool can run any model)."""
 
-    def __init__(self, prefix: str | Path) -> None:
+    def __init__(self, model: CompiledModel, num_threads: int) -> None:
+        if num_threads < 1:
+            raise ValueError(f"threads must be >= 1, got {num_threads}")
+        create = getattr(model._lib, f"{model.name}_pool_create", None)
+        if create is None:
+            raise AotcError(f"{model.name} was compiled without the thread pool")
+        self.num_threads = num_threads
+        self._lib = model._lib  # keeps the code alive while the pool exists
+        self.handle = create(num_threads)
+        if self.handle == model._ffi.NULL:
+            raise AotcError(f"cannot start {num_threads} threads")
+        weakref.finalize(self, getattr(model._lib, f"{model.name}_pool_destroy"), self.handle)
+
+
+class CompiledModel:
+    """A compiled model: ``run(feeds) -> [outputs]`` in fetch order; ``.inputs``/``.outputs``.
+
+    ``threads``: how many threads each run uses (default 1: the calling thread only), or a
+    ``ThreadPool`` shared with other models (``other.pool``).
+    """
+
+    def __init__(self, prefix: str | Path, threads: int | ThreadPool = 1) -> None:
         prefix = Path(prefix)
         meta_path = prefix.parent / f"{prefix.name}.json"
         try:
@@ -51,8 +78,15 @@ class CompiledModel:
             self._lib = self._ffi.dlopen(_fresh_path(self.library_path))
         except OSError as e:
             raise AotcError(f"cannot load {self.library_path}: {e}") from None
-        self._run = getattr(self._lib, f"{self.name}_run_v")
+        self._run = getattr(self._lib, f"{self.name}_run_parallel")
         self._local = threading.local()
+        self.pool: ThreadPool | None = None
+        self.threads = 1
+        if isinstance(threads, ThreadPool):
+            self.pool, self.threads = threads, threads.num_threads
+        elif threads != 1:
+            self.pool, self.threads = ThreadPool(self, int(threads)), int(threads)
+        self.workspace_bytes_used = int(getattr(self._lib, f"{self.name}_workspace_size_for_threads")(self.threads))
 
     @property
     def num_kernels(self) -> int:
@@ -65,9 +99,10 @@ class CompiledModel:
     def _workspace(self) -> np.ndarray:
         ws = getattr(self._local, "ws", None)
         if ws is None:
-            raw = np.zeros(self.workspace_bytes + 64, np.uint8)
+            n = self.workspace_bytes_used
+            raw = np.zeros(n + 64, np.uint8)
             off = (-raw.ctypes.data) % 64
-            ws = raw[off:off + self.workspace_bytes]
+            ws = raw[off:off + n]
             self._local.ws = ws
         return ws
 
@@ -103,18 +138,44 @@ class CompiledModel:
             a = np.zeros(1, np.uint8)
         return self._ffi.cast("void *", self._ffi.from_buffer(a))
 
-    def run(self, feeds: Mapping[str, object] | Sequence[object]) -> list[np.ndarray]:
+    def _call(self, fn, feeds: Mapping[str, object] | Sequence[object], *extra) -> list[np.ndarray]:
         arrays = self._check(feeds)
         outs = [np.empty(t.shape, t.dtype) for t in self.outputs]
         keep = [*arrays, *outs]  # noqa: F841 - buffers must outlive the call
         ins_c = self._ffi.new("void *[]", [self._ptr(a) for a in arrays] or [self._ffi.NULL])
         outs_c = self._ffi.new("void *[]", [self._ptr(a) for a in outs] or [self._ffi.NULL])
         ws = self._workspace()
-        ws_c = self._ptr(ws) if self.workspace_bytes else self._ffi.NULL
-        rc = self._run(ins_c, outs_c, ws_c)
+        ws_c = self._ptr(ws) if ws.size else self._ffi.NULL
+        par = self.pool.handle if self.pool is not None else self._ffi.NULL
+        rc = fn(ins_c, outs_c, ws_c, ws.size, par, *extra)
         if rc != 0:
             raise RuntimeError(f"{self.name}_run failed with code {rc}")
         return outs
+
+    def run(self, feeds: Mapping[str, object] | Sequence[object]) -> list[np.ndarray]:
+        return self._call(self._run, feeds)
+
+    def profile(self, feeds: Mapping[str, object] | Sequence[object], iterations: int = 10,
+                trace: str | Path | None = None, warmup: int = 1) -> Profile:
+        """Run ``iterations`` times recording each kernel's start and end; needs a library built with
+        ``--profile``. Returns the per-kernel table; ``trace`` also writes a Chrome Trace Event JSON."""
+        from aotc.profile import Profile
+
+        fn = getattr(self._lib, f"{self.name}_run_profiled", None) if self.metadata.get("profile") else None
+        if fn is None:
+            raise AotcError(f"{self.name} was not compiled with --profile")
+        if iterations < 1:
+            raise ValueError(f"iterations must be >= 1, got {iterations}")
+        times = self._ffi.new("uint64_t[]", max(1, 2 * self.num_kernels))
+        runs = []
+        for i in range(warmup + iterations):
+            self._call(fn, feeds, times)
+            if i >= warmup:
+                runs.append(list(times)[:2 * self.num_kernels])
+        prof = Profile(self.metadata, runs, self.threads)
+        if trace is not None:
+            prof.write_trace(trace)
+        return prof
 
     def __call__(self, **feeds: object) -> list[np.ndarray]:
         return self.run(feeds)
@@ -139,6 +200,6 @@ def _np_name(dtype: str) -> str:
     return "bool" if dtype == "bool" else dtype
 
 
-def load(prefix: str | Path) -> CompiledModel:
+def load(prefix: str | Path, threads: int | ThreadPool = 1) -> CompiledModel:
     """Load a compiled model from ``OUTDIR/NAME`` (the files NAME.json and libNAME.so)."""
-    return CompiledModel(prefix)
+    return CompiledModel(prefix, threads)

@@ -7,9 +7,11 @@ model. ``CC``, ``CFLAGS``, ``LDFLAGS`` and ``AR`` are respected.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 from aotc import __version__
@@ -33,17 +35,18 @@ def write_if_changed(path: Path, data: bytes) -> bool:
 def ninja_file(lib: Library, target_flags: list[str], extra_cflags: list[str] | None = None) -> str:
     cc = os.environ.get("CC", "cc")
     cflags = BASE_CFLAGS + target_flags + (extra_cflags or []) + shlex.split(os.environ.get("CFLAGS", ""))
-    objects = []
-    for fname in sorted(lib.files):
-        if fname.endswith(".c"):
-            objects.append({"src": fname, "obj": f"obj/{fname[:-2]}.o", "implicit": ""})
-        elif fname.endswith(".S"):
-            objects.append({"src": fname, "obj": f"obj/{fname[:-2]}.o",
-                            "implicit": fname[:-2] + ".bin"})
+    def obj(fname: str) -> dict:
+        return {"src": fname, "obj": f"obj/{fname[:-2]}.o",
+                "implicit": fname[:-2] + ".bin" if fname.endswith(".S") else "",
+                "threads": fname in (f"{lib.name}_pool.c", f"{lib.name}_benchmark.c", f"{lib.name}_test.c")}
+
+    in_programs = {f for srcs in lib.programs.values() for f in srcs}
+    objects = [obj(f) for f in sorted(lib.files) if f.endswith((".c", ".S")) and f not in in_programs]
+    programs = [{"exe": exe, "objects": [obj(f) for f in srcs]} for exe, srcs in sorted(lib.programs.items())]
     return env().get_template("build.ninja.j2").render(
         name=lib.name, version=__version__, cc=cc, ar=os.environ.get("AR", "ar"),
         cflags=" ".join(shlex.quote(f) for f in cflags), ldflags=os.environ.get("LDFLAGS", ""),
-        objects=objects)
+        objects=objects, programs=programs, threads=any(o["threads"] for o in objects))
 
 
 def ninja_binary() -> str:
@@ -62,24 +65,41 @@ def ninja_binary() -> str:
 
 
 def write_and_build(lib: Library, out_dir: Path, target_flags: list[str],
-                    extra_cflags: list[str] | None = None, verbose: bool = False) -> None:
+                    extra_cflags: list[str] | None = None,
+                    progress: Callable[[str], None] | None = None) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "obj").mkdir(exist_ok=True)
     for fname, data in lib.files.items():
         write_if_changed(out_dir / fname, data)
     write_if_changed(out_dir / "build.ninja", ninja_file(lib, target_flags, extra_cflags).encode())
-    run_ninja(out_dir, verbose=verbose)
+    run_ninja(out_dir, progress=progress)
 
 
-def run_ninja(out_dir: Path, targets: list[str] | None = None, verbose: bool = False) -> None:
+def run_ninja(out_dir: Path, targets: list[str] | None = None,
+              progress: Callable[[str], None] | None = None) -> None:
+    """Build; ``progress`` gets ninja's status lines ("[3/12] CC obj/m_kernels_0.o") as they come."""
     jobs = str(max(1, os.cpu_count() or 1))
     cmd = [ninja_binary(), "-C", str(out_dir), "-j", jobs, *(targets or [])]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if verbose and proc.stdout:
-        print(proc.stdout, end="")
+    lines: list[str] = []
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line.rstrip("\n"))
+            if progress and line.startswith("["):
+                progress(line.strip())
     if proc.returncode != 0:
-        failed = [ln.split("FAILED:", 1)[1].strip() for ln in proc.stdout.splitlines() if "FAILED:" in ln]
-        msg = (proc.stdout + proc.stderr).strip().splitlines()
-        tail = "\n".join(msg[-40:])
+        failed = [_source_of(out_dir, ln.split("FAILED:", 1)[1]) for ln in lines if "FAILED:" in ln]
+        tail = "\n".join(lines[-40:])
         raise BuildError(f"C build failed for {', '.join(failed) or out_dir}; the build directory "
                          f"{out_dir} is kept for a bug report.\n{tail}")
+
+
+def _source_of(out_dir: Path, target: str) -> str:
+    """The generated file behind a failed ninja target ("[code=1] obj/m.o" -> OUT/m.c)."""
+    target = re.sub(r"^\s*\[code=\d+\]\s*", "", target).strip()
+    if target.startswith("obj/") and target.endswith(".o"):
+        stem = target[4:-2]
+        for ext in (".c", ".S"):
+            if (out_dir / (stem + ext)).exists():
+                return str(out_dir / (stem + ext))
+    return str(out_dir / target)

@@ -1,8 +1,9 @@
-"""The ``aotc`` command line: compile, run, inspect."""
+"""The ``aotc`` command line: compile, run, profile, inspect."""
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from pathlib import Path
 
@@ -42,6 +43,14 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--target-cpu", default="native", choices=TARGETS)
     c.add_argument("--depfile", help="write a Make-style depfile for the generated library")
     c.add_argument("--dump-to", help="write the IR after each pass and the generated C here")
+    c.add_argument("--profile", action="store_true",
+                   help="also build NAME_run_profiled, which records per-kernel times (see `aotc profile`)")
+    c.add_argument("--gen-test", action="store_true",
+                   help="also build NAME_test: checks the library against outputs computed now by onnxruntime")
+    c.add_argument("--gen-benchmark", action="store_true",
+                   help="also build NAME_benchmark: prints latency percentiles (-t THREADS -n ITERATIONS)")
+    c.add_argument("--no-thread-pool", action="store_true",
+                   help="leave out NAME_pool_create (for systems without pthreads)")
     c.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
     c.add_argument("-v", "--verbose", action="store_true", help="print each compilation step")
 
@@ -49,34 +58,82 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("model", help="OUTDIR/NAME of a compiled model")
     r.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy")
     r.add_argument("--output-dir", help="write each output as NAME.npy here (default: print them)")
+    r.add_argument("-t", "--threads", type=_positive, default=1, help="threads per run (default 1)")
+
+    f = sub.add_parser("profile", help="time each kernel of a model compiled with --profile")
+    f.add_argument("model", help="OUTDIR/NAME of a model compiled with --profile")
+    f.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
+                   help="inputs (default: random normal floats, zero integers)")
+    f.add_argument("-i", "--iterations", type=_positive, default=100)
+    f.add_argument("-t", "--threads", type=_positive, default=1)
+    f.add_argument("--trace", help="Chrome trace JSON to write (default: OUTDIR/NAME_trace.json)")
 
     i = sub.add_parser("inspect", help="list a model's ops, inputs, outputs and what is unsupported")
     i.add_argument("model", help="ONNX model file")
     return p
 
 
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return n
+
+
+class _StatusLine:
+    """One status line on a terminal, rewritten in place; nothing at all when stderr is a log."""
+
+    def __init__(self) -> None:
+        self.shown = False
+
+    def __call__(self, msg: str) -> None:
+        width = shutil.get_terminal_size((80, 20)).columns - 1
+        sys.stderr.write("\r\033[K" + f"aotc: {msg}"[:width])
+        sys.stderr.flush()
+        self.shown = True
+
+    def clear(self) -> None:
+        if self.shown:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
+
+
 def _cmd_compile(args: argparse.Namespace) -> None:
     from aotc.compiler import _default_name, compile_model
 
-    log = (lambda m: print(f"aotc: {m}", file=sys.stderr)) if args.verbose else None
+    status = None
+    if args.verbose:
+        def log(m: str) -> None:
+            print(f"aotc: {m}", file=sys.stderr)
+    elif not args.quiet and sys.stderr.isatty():
+        log = status = _StatusLine()
+    else:
+        log = None
     name = args.name or _default_name(Path(args.model))
-    res = compile_model(args.model, args.out_dir, name, config=args.config,
-                        input_shapes=dict(args.input_shape), target_cpu=args.target_cpu,
-                        dump_to=args.dump_to, depfile=args.depfile, log=log)
+    try:
+        res = compile_model(args.model, args.out_dir, name, config=args.config,
+                            input_shapes=dict(args.input_shape), target_cpu=args.target_cpu,
+                            dump_to=args.dump_to, depfile=args.depfile, log=log, profile=args.profile,
+                            thread_pool=not args.no_thread_pool, gen_test=args.gen_test,
+                            gen_benchmark=args.gen_benchmark)
+    finally:
+        if status is not None:
+            status.clear()
     if not args.quiet:
         plan = res.graph.memory
         total = sum(res.seconds.values())
         print(f"aotc: compiled {name}: {res.num_kernels} kernels, workspace {plan.workspace_bytes} bytes "
               f"(intermediates {plan.intermediate_bytes}), constants {res.library.consts_bytes} bytes, "
-              f"{total:.2f}s -> {res.out_dir}/{name}.h, lib{name}.a, lib{name}.so")
+              f"{total:.2f}s -> {res.out_dir}/{name}.h, lib{name}.a, lib{name}.so"
+              + "".join(f", {p}" for p in sorted(res.library.programs)))
 
 
-def _cmd_run(args: argparse.Namespace) -> None:
-    from aotc.bindings import load
-
-    m = load(args.model)
+def _read_inputs(items: list[str]) -> dict[str, np.ndarray]:
     feeds = {}
-    for item in args.input:
+    for item in items:
         name, sep, path = item.partition("=")
         if not sep:
             raise AotcError(f"--input expects NAME=FILE.npy, got {item!r}")
@@ -84,8 +141,15 @@ def _cmd_run(args: argparse.Namespace) -> None:
             feeds[name] = np.load(path, allow_pickle=False)
         except (OSError, ValueError) as e:
             raise AotcError(f"cannot read {path}: {e}") from None
+    return feeds
+
+
+def _cmd_run(args: argparse.Namespace) -> None:
+    from aotc.bindings import load
+
+    m = load(args.model, threads=args.threads)
     try:
-        outs = m.run(feeds)
+        outs = m.run(_read_inputs(args.input))
     except (ValueError, TypeError) as e:
         raise AotcError(str(e)) from None
     for t, y in zip(m.outputs, outs, strict=True):
@@ -96,6 +160,24 @@ def _cmd_run(args: argparse.Namespace) -> None:
         else:
             print(f"{t.name}: {y.dtype}{list(y.shape)}")
             print(np.array2string(y, threshold=50))
+
+
+def _cmd_profile(args: argparse.Namespace) -> None:
+    from aotc.bindings import load
+    from aotc.reference import random_inputs
+
+    m = load(args.model, threads=args.threads)
+    feeds: dict[str, np.ndarray] = _read_inputs(args.input)
+    if not feeds:
+        feeds = dict(zip([t.name for t in m.inputs],
+                         random_inputs([(t.dtype, t.shape) for t in m.inputs]), strict=True))
+    trace = Path(args.trace) if args.trace else Path(args.model).parent / f"{m.name}_trace.json"
+    try:
+        prof = m.profile(feeds, iterations=args.iterations, trace=trace)
+    except (ValueError, TypeError) as e:
+        raise AotcError(str(e)) from None
+    print(prof.table())
+    print(f"trace: {trace} (open in chrome://tracing or ui.perfetto.dev)")
 
 
 def _cmd_inspect(args: argparse.Namespace) -> None:
@@ -127,7 +209,8 @@ def _cmd_inspect(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        {"compile": _cmd_compile, "run": _cmd_run, "inspect": _cmd_inspect}[args.command](args)
+        {"compile": _cmd_compile, "run": _cmd_run, "profile": _cmd_profile,
+         "inspect": _cmd_inspect}[args.command](args)
     except AotcError as e:
         print(f"aotc: error: {e}", file=sys.stderr)
         return 1

@@ -14,11 +14,13 @@ import onnx
 from aotc.build import write_and_build, write_if_changed
 from aotc.codegen.library import Library, cdef, generate, metadata
 from aotc.codegen.names import check_model_name
+from aotc.codegen.programs import benchmark_program, test_program
 from aotc.config import Config, load_config
 from aotc.frontends.onnx import import_onnx, load_model
 from aotc.ir.graph import Graph
 from aotc.passes.pipeline import run_passes
 from aotc.passes.prune import apply_config
+from aotc.reference import random_inputs, run_reference, to_onnx
 from aotc.resources import runtime_dir, templates_dir
 from aotc.target import resolve
 
@@ -48,8 +50,17 @@ def compile_model(model: str | Path | onnx.ModelProto, out_dir: str | Path, name
                   input_shapes: dict[str, tuple[int, ...]] | None = None,
                   target_cpu: str = "native", dump_to: str | Path | None = None,
                   depfile: str | Path | None = None, extra_cflags: list[str] | None = None,
-                  log: Callable[[str], None] | None = None) -> CompileResult:
-    """Compile ``model`` into ``out_dir``: NAME.h, libNAME.a, libNAME.so and NAME.json."""
+                  log: Callable[[str], None] | None = None, profile: bool = False,
+                  thread_pool: bool = True, gen_test: bool = False, gen_benchmark: bool = False,
+                  test_tolerance: tuple[float, float] = (1e-3, 1e-4)) -> CompileResult:
+    """Compile ``model`` into ``out_dir``: NAME.h, libNAME.a, libNAME.so and NAME.json.
+
+    ``profile`` builds NAME_run_profiled (per-kernel timestamps; the default build has no timing
+    code at all); ``thread_pool=False`` leaves out the pthread pool for systems without threads.
+    ``gen_test`` adds the program NAME_test, which checks the library against expected outputs
+    computed now by onnxruntime (or onnx.reference) within ``test_tolerance`` (rtol, atol);
+    ``gen_benchmark`` adds NAME_benchmark, which prints latency percentiles.
+    """
     check_model_name(name)
     target = resolve(target_cpu)
     out = Path(out_dir)
@@ -67,6 +78,7 @@ def compile_model(model: str | Path | onnx.ModelProto, out_dir: str | Path, name
     input_names = [v.name for v in graph.inputs]
     output_names = [v.name for v in graph.outputs]
     graph.isa = target.isa
+    reference_model = to_onnx(graph) if gen_test else None
     times["import"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -76,18 +88,30 @@ def compile_model(model: str | Path | onnx.ModelProto, out_dir: str | Path, name
     t0 = time.perf_counter()
     say(f"codegen: {len(graph.kernels)} kernels")
     model_path = Path(model) if isinstance(model, (str, Path)) else None
-    lib = generate(graph, name, input_names, output_names, model_path.name if model_path else "<model>")
+    lib = generate(graph, name, input_names, output_names, model_path.name if model_path else "<model>",
+                   profile=profile, pool=thread_pool)
     times["codegen"] = time.perf_counter() - t0
+    if reference_model is not None:
+        t0 = time.perf_counter()
+        say("reference outputs for the generated test")
+        inputs = random_inputs([(t.dtype, tuple(t.shape)) for t in lib.inputs])
+        expected, ref_name = run_reference(reference_model, inputs)
+        lib.files.update(test_program(lib, inputs, expected, ref_name, *test_tolerance, thread_pool))
+        lib.programs[f"{name}_test"] = [f"{name}_test.c", f"{name}_test_data.S"]
+        times["reference"] = time.perf_counter() - t0
+    if gen_benchmark:
+        lib.files.update(benchmark_program(lib, thread_pool))
+        lib.programs[f"{name}_benchmark"] = [f"{name}_benchmark.c"]
 
     t0 = time.perf_counter()
     say("C compilation")
-    write_and_build(lib, out, target.flags, extra_cflags)
+    write_and_build(lib, out, target.flags, extra_cflags, progress=lambda line: say(f"C compilation {line}"))
     times["c_compile"] = time.perf_counter() - t0
 
-    info = {"target_cpu": target.cpu, "isa": target.isa,
+    info = {"target_cpu": target.cpu, "isa": target.isa, "profile": profile, "thread_pool": thread_pool,
             "memory": graph.memory.summary()}
     write_if_changed(out / f"{name}.json", metadata(lib, graph, info).encode())
-    write_if_changed(out / f"{name}.cdef", cdef(name).encode())
+    write_if_changed(out / f"{name}.cdef", cdef(name, profile, thread_pool).encode())
     if dump_to:
         for fname, data in lib.files.items():
             if fname.endswith((".c", ".h")):
@@ -123,14 +147,16 @@ def write_depfile(path: Path, targets: list[Path], inputs: list[Path]) -> None:
 
 
 def compile(model: str | Path | onnx.ModelProto, out_dir: str | Path = "build", name: str | None = None,
-            **options) -> CompiledModel:  # noqa: A001
-    """Compile a model and load it: ``aotc.compile("m.onnx", out_dir="build", name="m").run(feeds)``."""
+            threads: int = 1, **options) -> CompiledModel:  # noqa: A001
+    """Compile a model and load it: ``aotc.compile("m.onnx", out_dir="build", name="m").run(feeds)``.
+
+    ``threads`` is how many threads each run uses; ``options`` are those of ``compile_model``."""
     from aotc.bindings import load
 
     if name is None:
         name = "model" if isinstance(model, onnx.ModelProto) else _default_name(Path(model))
     result = compile_model(model, out_dir, name, **options)
-    return load(result.prefix)
+    return load(result.prefix, threads=threads)
 
 
 def _default_name(path: Path) -> str:

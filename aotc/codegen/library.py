@@ -20,6 +20,17 @@ from aotc.resources import runtime_dir, templates_dir
 
 API = '__attribute__((visibility("default"))) '
 KERNELS_PER_FILE = 24
+# A task should have at least this much work (elements touched + flops): waking a thread costs a
+# microsecond or two, about what this much work takes.
+TASK_WORK = 1 << 14
+
+
+def max_tasks(k) -> int:
+    """How many tasks kernel ``k`` may be split into; 1 keeps a small kernel on the calling thread."""
+    from aotc.dump import node_flops
+
+    work = sum(node_flops(n) for n in k.nodes) + sum(v.size for v in (*k.inputs, *k.outputs))
+    return max(1, min(1024, work // TASK_WORK))
 
 
 @lru_cache(maxsize=1)
@@ -63,7 +74,10 @@ class Library:
     outputs: list[TensorInfo] = field(default_factory=list)
     kernels: list[KernelSource] = field(default_factory=list)
     workspace_bytes: int = 0
+    scratch_per_thread: int = 0
     consts_bytes: int = 0
+    # Generated programs (NAME_test, NAME_benchmark): executable -> its own sources in ``files``.
+    programs: dict[str, list[str]] = field(default_factory=dict)
 
 
 class _Blob:
@@ -90,7 +104,8 @@ class _Blob:
 
 
 def generate(graph: Graph, name: str, input_names: list[str], output_names: list[str],
-             source: str) -> Library:
+             source: str, profile: bool = False, pool: bool = True) -> Library:
+    """``profile`` adds NAME_run_profiled (per-kernel timestamps); ``pool`` adds the pthread pool."""
     lib = Library(name)
     mangle = Mangler()
     mangle.used.update({"workspace", "inputs", "outputs", "in", "out", "ws", "i"})
@@ -101,6 +116,7 @@ def generate(graph: Graph, name: str, input_names: list[str], output_names: list
                                    list(v.shape)))
     plan = graph.memory
     lib.workspace_bytes = plan.workspace_bytes
+    lib.scratch_per_thread = plan.scratch_per_task
     blob = _Blob()
     in_index = {id(v): i for i, v in enumerate(graph.inputs)}
     out_index = {id(storage_root(v)): i for i, v in enumerate(graph.outputs)}
@@ -122,16 +138,20 @@ def generate(graph: Graph, name: str, input_names: list[str], output_names: list
         lib.kernels.append(src)
         args = [pointer(v) for v, _ in src.args]
         if src.scratch:
-            args.append(f"(void *)(ws + {plan.scratch[k.index].offset}) /* scratch */")
-        calls.append({"fn": src.fn, "args": args, "comment": comment(f"{k.name}: {' + '.join(k.ops)}", 100)})
+            args.append(f"(void *)(ws + {plan.scratch_offset}) /* scratch, one slot per task */")
+        calls.append({"fn": src.fn, "args": args, "name": k.name, "max_tasks": max_tasks(k),
+                      "comment": comment(f"{k.name}: {' + '.join(k.ops)}", 100)})
 
-    common = {"name": name, "version": __version__, "api": API}
+    common = {"name": name, "version": __version__, "api": API, "profile": profile, "pool": pool,
+              "num_kernels": len(calls), "scratch_per_thread": lib.scratch_per_thread,
+              "workspace_bytes": lib.workspace_bytes}
     files: dict[str, str | bytes] = {}
     files[f"{name}.h"] = env().get_template("header.h.j2").render(
-        **common, source=comment(source, 60), inputs=lib.inputs, outputs=lib.outputs,
-        workspace_bytes=lib.workspace_bytes)
+        **common, source=comment(source, 60), inputs=lib.inputs, outputs=lib.outputs)
     files[f"{name}.c"] = env().get_template("model.c.j2").render(
         **common, inputs=lib.inputs, outputs=lib.outputs, calls=calls)
+    if pool:
+        files[f"{name}_pool.c"] = env().get_template("pool.c.j2").render(**common)
     for start in range(0, len(lib.kernels), KERNELS_PER_FILE):
         fname = f"{name}_kernels_{start // KERNELS_PER_FILE}.c"
         files[fname] = env().get_template("kernels.c.j2").render(
@@ -141,7 +161,7 @@ def generate(graph: Graph, name: str, input_names: list[str], output_names: list
         **common, has_consts=blob.size > 0, consts_bytes=blob.size, kernels=[s.fn for s in lib.kernels])
     if blob.size:
         files[f"{name}_consts.bin"] = blob.data()
-        files[f"{name}_consts.S"] = env().get_template("consts.S.j2").render(**common)
+        files[f"{name}_consts.S"] = env().get_template("consts.S.j2").render(**common, symbol=f"{name}_consts")
     for header in ("aotc_math.h", "aotc_rows.h"):
         files[header] = (runtime_dir() / header).read_text()
     lib.files = {k: v.encode() if isinstance(v, str) else v for k, v in files.items()}
@@ -157,6 +177,7 @@ def metadata(lib: Library, graph: Graph, extra: dict) -> str:
         "inputs": [{"name": t.name, "dtype": t.dtype, "shape": t.shape} for t in lib.inputs],
         "outputs": [{"name": t.name, "dtype": t.dtype, "shape": t.shape} for t in lib.outputs],
         "workspace_bytes": lib.workspace_bytes,
+        "scratch_per_thread_bytes": lib.scratch_per_thread,
         "intermediate_bytes": plan.intermediate_bytes,
         "constants_bytes": lib.consts_bytes,
         "kernels": [{"name": k.name, "kind": k.kind, "ops": k.ops,
@@ -168,7 +189,18 @@ def metadata(lib: Library, graph: Graph, extra: dict) -> str:
     return json.dumps(data, indent=1, sort_keys=True) + "\n"
 
 
-def cdef(name: str) -> str:
+def cdef(name: str, profile: bool = False, pool: bool = True) -> str:
     """Declarations for cffi (no preprocessor there): the untyped entry points the bindings use."""
-    return (f"int {name}_run_v(const void *const *inputs, void *const *outputs, void *workspace);\n"
-            f"size_t {name}_workspace_size(void);\n")
+    text = ("typedef struct aotc_parallel aotc_parallel;\n"
+            f"int {name}_run_v(const void *const *inputs, void *const *outputs, void *workspace);\n"
+            f"int {name}_run_parallel(const void *const *inputs, void *const *outputs, void *workspace,\n"
+            "    size_t workspace_bytes, const aotc_parallel *par);\n"
+            f"size_t {name}_workspace_size(void);\n"
+            f"size_t {name}_workspace_size_for_threads(size_t num_threads);\n")
+    if pool:
+        text += (f"aotc_parallel *{name}_pool_create(size_t num_threads);\n"
+                 f"void {name}_pool_destroy(aotc_parallel *pool);\n")
+    if profile:
+        text += (f"int {name}_run_profiled(const void *const *inputs, void *const *outputs, void *workspace,\n"
+                 "    size_t workspace_bytes, const aotc_parallel *par, uint64_t *times);\n")
+    return text

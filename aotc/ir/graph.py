@@ -69,7 +69,6 @@ class Graph:
         self.kernels: list[Any] = []
         # Code-generation target, read by passes that size target-specific scratch buffers.
         self.isa: str = "generic"
-        self.max_tasks: int = 1
         # Set by the memory planner (aotc.passes.memory.MemoryPlan).
         self.memory: Any = None
 

@@ -4,6 +4,10 @@ Buffers whose lifetimes (first write .. last read, in kernel order) overlap neve
 rest are packed greedily, largest first, at the lowest offset that fits (the arena strategy of
 TFLite and others). The plan reports the workspace size next to the sum of all intermediate sizes
 it replaces.
+
+Kernel scratch (e.g. GEMM packing buffers) is needed only while its kernel runs, once per task. It
+lives after the tensors: one slot per thread, each as large as the largest per-task scratch, so the
+workspace for ``n`` threads is ``scratch_offset + n * scratch_per_task`` bytes.
 """
 
 from __future__ import annotations
@@ -32,8 +36,17 @@ class Buffer:
 @dataclass
 class MemoryPlan:
     buffers: dict[int, Buffer] = field(default_factory=dict)   # id(root value) -> buffer
-    scratch: dict[int, Buffer] = field(default_factory=dict)   # kernel index -> scratch buffer
-    workspace_bytes: int = 0
+    scratch: dict[int, Buffer] = field(default_factory=dict)   # kernel index -> its per-task scratch
+    scratch_offset: int = 0      # where the per-thread scratch slots start
+    scratch_per_task: int = 0    # bytes per slot
+
+    @property
+    def workspace_bytes(self) -> int:
+        """The workspace for one thread."""
+        return self.workspace_bytes_for(1)
+
+    def workspace_bytes_for(self, threads: int) -> int:
+        return self.scratch_offset + max(1, threads) * self.scratch_per_task
 
     @property
     def intermediate_bytes(self) -> int:
@@ -61,14 +74,12 @@ def plan_memory(graph: Graph) -> bool:
             b = plan.buffers.get(id(storage_root(v)))
             if b is not None:
                 b.last = max(b.last, k.index)
-        size = scratch_bytes(k, graph.isa, graph.max_tasks)
+        size = scratch_bytes(k, graph.isa, 1)
         if size:
             plan.scratch[k.index] = Buffer(f"scratch_{k.name}", _align(size), k.index, k.index)
 
     placed: list[Buffer] = []
-    everything = sorted([*plan.buffers.values(), *plan.scratch.values()],
-                        key=lambda b: (-b.size, b.first, b.name))
-    for b in everything:
+    for b in sorted(plan.buffers.values(), key=lambda b: (-b.size, b.first, b.name)):
         busy = sorted((p.offset, p.offset + p.size) for p in placed
                       if p.first <= b.last and b.first <= p.last)
         offset = 0
@@ -78,6 +89,9 @@ def plan_memory(graph: Graph) -> bool:
             offset = max(offset, hi)
         b.offset = offset
         placed.append(b)
-    plan.workspace_bytes = max((b.offset + b.size for b in placed), default=0)
+    plan.scratch_offset = max((b.offset + b.size for b in placed), default=0)
+    plan.scratch_per_task = max((b.size for b in plan.scratch.values()), default=0)
+    for b in plan.scratch.values():
+        b.offset = plan.scratch_offset
     graph.memory = plan
     return True

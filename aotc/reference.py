@@ -1,0 +1,83 @@
+"""Reference outputs for generated tests: the imported graph run by onnxruntime or onnx.reference.
+
+The graph is captured right after import and the feed/fetch config, before any aotc pass, and
+written back out as an ONNX model, so the expected values come from an implementation that shares
+nothing with aotc's passes or C code.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from aotc.ir.graph import Graph, Value
+
+
+def to_onnx(graph: Graph) -> onnx.ModelProto:
+    """The graph as an ONNX model with inputs ``in0..`` and outputs ``out0..`` (untyped outputs)."""
+    names: dict[int, str] = {}
+    inits: list[onnx.TensorProto] = []
+
+    def name(v: Value | None) -> str:
+        if v is None:
+            return ""
+        if id(v) not in names:
+            names[id(v)] = f"t{len(names)}"
+            if v.is_const:
+                inits.append(numpy_helper.from_array(np.asarray(v.const), names[id(v)]))
+        return names[id(v)]
+
+    for i, v in enumerate(graph.inputs):
+        names[id(v)] = f"in{i}"
+    domains: set[str] = set()
+    nodes = []
+    for n in graph.nodes:
+        domain, _, op = n.op.rpartition(".")
+        domains.add(domain)
+        attrs = {k: a for k, a in n.attrs.items() if not k.startswith("_")}
+        nodes.append(helper.make_node(op, [name(v) for v in n.inputs], [name(v) for v in n.outputs],
+                                      domain=domain or None, **attrs))
+    outputs = []
+    for i, v in enumerate(graph.outputs):
+        nodes.append(helper.make_node("Identity", [name(v)], [f"out{i}"]))
+        outputs.append(helper.make_tensor_value_info(f"out{i}", onnx.TensorProto.UNDEFINED, None))
+    inputs = [helper.make_tensor_value_info(f"in{i}", helper.np_dtype_to_tensor_dtype(np.dtype(v.dtype)),
+                                            list(v.shape or ())) for i, v in enumerate(graph.inputs)]
+    opsets = [helper.make_opsetid(d, graph.opset if d == "" else 1) for d in sorted(domains | {""})]
+    model = helper.make_model(helper.make_graph(nodes, "reference", inputs, outputs, inits),
+                              opset_imports=opsets)
+    model.ir_version = 9  # what onnxruntime releases of the last years all read
+    return model
+
+
+def random_inputs(specs: list[tuple[str, tuple[int, ...]]], seed: int = 0) -> list[np.ndarray]:
+    """Normal floats, random booleans, and zeros for integers (always a valid index)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for dtype, shape in specs:
+        dt = np.dtype(dtype)
+        if dt.kind == "f":
+            out.append(rng.standard_normal(shape).astype(dt))
+        elif dt.kind == "b":
+            out.append(rng.random(shape) < 0.5)
+        else:
+            out.append(np.zeros(shape, dt))
+    return out
+
+
+def run_reference(model: onnx.ModelProto, inputs: list[np.ndarray]) -> tuple[list[np.ndarray], str]:
+    """The outputs and the name of the implementation that computed them."""
+    feeds = {f"in{i}": x for i, x in enumerate(inputs)}
+    try:
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 4
+        sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        return [np.asarray(r) for r in sess.run(None, feeds)], f"onnxruntime {ort.__version__}"
+    except Exception:  # not installed, or an op or type it lacks: the slower pure-Python reference
+        from onnx.reference import ReferenceEvaluator
+
+        outs = ReferenceEvaluator(model).run(None, feeds)
+        return [np.asarray(r) for r in outs], f"onnx.reference {onnx.__version__}"
