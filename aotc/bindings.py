@@ -45,10 +45,12 @@ class ThreadPool:
             raise AotcError(f"{model.name} was compiled without the thread pool")
         self.num_threads = num_threads
         self._lib = model._lib  # keeps the code alive while the pool exists
-        self.handle = create(num_threads)
-        if self.handle == model._ffi.NULL:
+        handle = create(num_threads)
+        if handle == model._ffi.NULL:
             raise AotcError(f"cannot start {num_threads} threads")
-        weakref.finalize(self, getattr(model._lib, f"{model.name}_pool_destroy"), self.handle)
+        # An address, so that models loaded through other cffi instances can use the pool too.
+        self.address = int(model._ffi.cast("uintptr_t", handle))
+        weakref.finalize(self, getattr(model._lib, f"{model.name}_pool_destroy"), handle)
 
 
 class CompiledModel:
@@ -146,7 +148,7 @@ class CompiledModel:
         outs_c = self._ffi.new("void *[]", [self._ptr(a) for a in outs] or [self._ffi.NULL])
         ws = self._workspace()
         ws_c = self._ptr(ws) if ws.size else self._ffi.NULL
-        par = self.pool.handle if self.pool is not None else self._ffi.NULL
+        par = self._ffi.cast("aotc_parallel *", self.pool.address) if self.pool is not None else self._ffi.NULL
         rc = fn(ins_c, outs_c, ws_c, ws.size, par, *extra)
         if rc != 0:
             raise RuntimeError(f"{self.name}_run failed with code {rc}")

@@ -77,6 +77,28 @@ int main(void) {
   if (mlp_input_rank(0) != 2 || mlp_input_shape(0)[1] != 784 || mlp_input_name(7) != NULL) return 6;
   if (MLP_WORKSPACE_BYTES && mlp_run(x, y, NULL) != MLP_ERR_WORKSPACE) return 7;
   if (mlp_run(NULL, y, ws1) != MLP_ERR_NULL_ARGUMENT) return 8;
+  { /* one pool runs both models on 2 threads, bit-identical to 1 thread */
+    static float y2[MLP_OUTPUT0_SIZE], dy2[DENSE_OUTPUT0_SIZE];
+    const size_t n1 = MLP_WORKSPACE_BYTES_FOR_THREADS(2), n2 = DENSE_WORKSPACE_BYTES_FOR_THREADS(2);
+    void *w1 = aligned_alloc(64, (n1 + 63) / 64 * 64 + 64), *w2 = aligned_alloc(64, (n2 + 63) / 64 * 64 + 64);
+    const void *in1[] = { x }, *in2[] = { dx };
+    void *out1[] = { y2 }, *out2[] = { dy2 };
+    aotc_parallel *pool = mlp_pool_create(2);
+    if (!pool || pool->num_threads != 2) return 9;
+    for (int rep = 0; rep < 20; rep++) {
+      if (mlp_run_parallel(in1, out1, w1, n1, pool) != MLP_OK) return 10;
+      if (dense_run_parallel(in2, out2, w2, n2, pool) != DENSE_OK) return 11;
+      if (memcmp(y, y2, sizeof y) || memcmp(dy, dy2, sizeof dy)) return 12;
+    }
+    if (MLP_WORKSPACE_BYTES && mlp_run_parallel(in1, out1, w1, MLP_WORKSPACE_BYTES - 1, pool) != MLP_ERR_WORKSPACE)
+      return 13;
+    /* a workspace with room for one thread only: runs on one thread, same result */
+    if (mlp_run_parallel(in1, out1, w1, MLP_WORKSPACE_BYTES, pool) != MLP_OK || memcmp(y, y2, sizeof y)) return 14;
+    if (mlp_workspace_size_for_threads(2) != n1) return 15;
+    mlp_pool_destroy(pool);
+    free(w1);
+    free(w2);
+  }
   for (size_t i = 0; i < MLP_OUTPUT0_SIZE; i++) printf("%.9g\n", y[i]);
   for (size_t i = 0; i < DENSE_OUTPUT0_SIZE; i++) printf("%.9g\n", dy[i]);
   free(ws1);
@@ -94,7 +116,7 @@ def _build_two(tmp_path, extra: list[str]) -> tuple[list[str], list[str]]:
     exe = tmp_path / "app"
     subprocess.run([CC, "-std=c11", *flags, f"-I{tmp_path / 'mlp'}", f"-I{tmp_path / 'dense'}",
                     str(tmp_path / "app.c"), str(tmp_path / "mlp" / "libmlp.a"),
-                    str(tmp_path / "dense" / "libdense.a"), "-lm", "-o", str(exe)], check=True)
+                    str(tmp_path / "dense" / "libdense.a"), "-lm", "-pthread", "-o", str(exe)], check=True)
     proc = subprocess.run([str(exe)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.split(), proc.stderr
@@ -132,6 +154,17 @@ def test_sanitizers_run_clean(tmp_path):
     out, err = _build_two(tmp_path, ["-fsanitize=address,undefined", "-fno-sanitize-recover=all",
                                      "-fno-omit-frame-pointer", "-O1"])
     assert "runtime error" not in err and "AddressSanitizer" not in err
+    assert len(out) == 2 * 10 + 3 * 4
+
+
+def test_thread_sanitizer_runs_clean(tmp_path):
+    """The pool's handshakes (atomics, mutex, condition variable) have no data race."""
+    probe = subprocess.run([CC, "-fsanitize=thread", "-x", "c", "-", "-o", str(tmp_path / "p")],
+                           input="int main(void){return 0;}", capture_output=True, text=True)
+    if probe.returncode != 0 or subprocess.run([str(tmp_path / "p")], capture_output=True).returncode != 0:
+        pytest.skip("thread sanitizer runtime not available")
+    out, err = _build_two(tmp_path, ["-fsanitize=thread", "-O1"])
+    assert "ThreadSanitizer" not in err
     assert len(out) == 2 * 10 + 3 * 4
 
 
