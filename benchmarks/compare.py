@@ -1,26 +1,39 @@
-"""aotc beside onnxruntime and numpy, measured in the same run; prints medians and ratios.
+"""aotc beside onnxruntime, numpy and PyTorch eager, all measured in one run; prints medians and ratios.
 
-    python benchmarks/compare.py [--threads 1] [--quick]
+    python benchmarks/compare.py [--threads 1 2] [--quick] [--no-models] [--write-docs docs/benchmarks.md]
 
-Cases: reduce_sum(x + y*z) over 16M floats, and the MLP 784-512-512-10 at batch 1 and 64 (plus its
-compile time). Medians over many iterations after warm-up; ratios > 1 mean aotc is faster.
+Cases: reduce_sum(x + y*z) over 16M floats; GELU + LayerNorm over 4M floats; fp32 GEMM 256/1024/2048
+(constant B, like a layer's weights); the MLP 784-512-512-10 at batch 1 and 64; ResNet-18,
+MobileNetV2 (224x224) and a BERT (4 layers, hidden 256, seq 128) at batch 1 when torch, timm and
+transformers are installed (random weights, nothing downloaded). Each at every thread count asked.
+Limits measured in the same run: memory bandwidth (numpy, one thread per core) and numpy's
+OpenBLAS GEMM GFLOP/s.
+
+Medians over many iterations after warm-up; ratio > 1 means aotc is faster. Every model is run
+through the same Python call path for aotc (cffi) and onnxruntime (its Python API).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import platform
 import statistics
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
-def _median_seconds(fn, min_iters: int, min_time: float) -> float:
-    for _ in range(3):
+def median_seconds(fn: Callable[[], object], min_iters: int, min_time: float, warmup: int = 3) -> float:
+    for _ in range(warmup):
         fn()
     times: list[float] = []
     start = time.perf_counter()
@@ -31,67 +44,314 @@ def _median_seconds(fn, min_iters: int, min_time: float) -> float:
     return statistics.median(times)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--quick", action="store_true", help="fewer iterations (smoke test)")
-    args = ap.parse_args()
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", str(args.threads))
-    os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
+@dataclass
+class Case:
+    label: str
+    model: object                      # onnx.ModelProto
+    feeds: dict
+    numpy: Callable | None = None      # the same computation in numpy (None: not meaningful)
+    torch: Callable | None = None      # PyTorch eager, for the real architectures
+    flops: float = 0.0                 # for GFLOP/s
+    bytes: float = 0.0                 # compulsory memory traffic, for the bandwidth bound
+    kind: str = "graph"
+
+
+@dataclass
+class Row:
+    case: Case
+    threads: int
+    compile_s: float
+    kernels: int
+    aotc: float
+    ort: float
+    numpy: float | None
+    torch: float | None
+    max_err: float
+    extra: dict = field(default_factory=dict)
+
+
+def synthetic_cases(np) -> list[Case]:
+    from models import make, mlp, reduce_sum_xyz, vi
+    from onnx import helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    cases = []
+    n = 1 << 24
+    xyz = {k: rng.standard_normal(n).astype(np.float32) for k in "xyz"}
+    cases.append(Case("reduce_sum(x+y*z) 16M", reduce_sum_xyz(n), xyz,
+                      numpy=lambda f: np.sum(f["x"] + f["y"] * f["z"]), bytes=3 * 4 * n, kind="fused"))
+
+    rows, cols = 4096, 1024
+    g = rng.standard_normal(cols).astype(np.float32)
+    b = rng.standard_normal(cols).astype(np.float32)
+    nodes = [helper.make_node("Div", ["x", "sqrt2"], ["xs"]), helper.make_node("Erf", ["xs"], ["e"]),
+             helper.make_node("Add", ["e", "one"], ["e1"]), helper.make_node("Mul", ["x", "e1"], ["xe"]),
+             helper.make_node("Mul", ["xe", "half"], ["gelu"]),
+             helper.make_node("LayerNormalization", ["gelu", "g", "b"], ["y"], axis=-1, epsilon=1e-5)]
+    inits = [numpy_helper.from_array(np.array(v, np.float32), k)
+             for k, v in (("sqrt2", np.sqrt(2)), ("one", 1.0), ("half", 0.5))]
+    inits += [numpy_helper.from_array(g, "g"), numpy_helper.from_array(b, "b")]
+    model = make(nodes, [vi("x", [rows, cols])], [vi("y", [rows, cols])], inits)
+    from math import sqrt
+
+    try:
+        from scipy.special import erf
+    except ImportError:  # numpy has no erf
+        erf = None
+
+    def np_gelu_ln(f):
+        x = f["x"]
+        h = 0.5 * x * (1 + erf(x / np.float32(sqrt(2))))
+        mu = h.mean(-1, keepdims=True)
+        var = ((h - mu) ** 2).mean(-1, keepdims=True)
+        return (h - mu) / np.sqrt(var + 1e-5) * g + b
+    np_fn = np_gelu_ln if erf is not None else None
+    cases.append(Case("GELU+LayerNorm 4096x1024", model,
+                      {"x": rng.standard_normal((rows, cols)).astype(np.float32)}, numpy=np_fn,
+                      bytes=2 * 4 * rows * cols, kind="fused"))
+
+    for size in (256, 1024, 2048):
+        w = (rng.standard_normal((size, size)) / np.sqrt(size)).astype(np.float32)
+        model = make([helper.make_node("MatMul", ["a", "w"], ["c"])], [vi("a", [size, size])],
+                     [vi("c", [size, size])], [numpy_helper.from_array(w, "w")])
+        cases.append(Case(f"GEMM {size}", model,
+                          {"a": rng.standard_normal((size, size)).astype(np.float32)},
+                          numpy=lambda f, w=w: f["a"] @ w, flops=2.0 * size ** 3, kind="gemm"))
+
+    for batch in (1, 64):
+        model = mlp(batch)
+        ws = [numpy_helper.to_array(t) for t in model.graph.initializer]
+
+        def np_mlp(f, ws=ws):
+            h = np.maximum(f["x"] @ ws[0] + ws[1], 0)
+            h = np.maximum(h @ ws[2] + ws[3], 0)
+            return h @ ws[4] + ws[5]
+        cases.append(Case(f"MLP 784-512-512-10 b{batch}", model,
+                          {"x": rng.standard_normal((batch, 784)).astype(np.float32)}, numpy=np_mlp,
+                          flops=2.0 * batch * (784 * 512 + 512 * 512 + 512 * 10), kind="model"))
+    _add_torch_eager(cases)
+    return cases
+
+
+def _add_torch_eager(cases: list[Case]) -> None:
+    """The same computations in PyTorch eager, where torch is installed."""
+    torch = _torch()
+    if torch is None:
+        return
+    import torch.nn.functional as F  # noqa: N812
+    from onnx import numpy_helper
+
+    for c in cases:
+        f = {k: torch.from_numpy(v) for k, v in c.feeds.items()}
+        w = {t.name: torch.from_numpy(numpy_helper.to_array(t).copy()) for t in c.model.graph.initializer}
+        if c.label.startswith("reduce_sum"):
+            c.torch = lambda f=f: torch.sum(f["x"] + f["y"] * f["z"])
+        elif c.label.startswith("GELU"):
+            c.torch = lambda f=f, w=w: F.layer_norm(F.gelu(f["x"]), (f["x"].shape[-1],), w["g"], w["b"], 1e-5)
+        elif c.label.startswith("GEMM"):
+            c.torch = lambda f=f, w=w: f["a"] @ w["w"]
+        elif c.label.startswith("MLP"):
+            def mlp(f=f, w=w):
+                h = torch.relu(f["x"] @ w["W0"] + w["b0"])
+                h = torch.relu(h @ w["W1"] + w["b1"])
+                return h @ w["W2"] + w["b2"]
+            c.torch = mlp
+        if c.torch is not None:
+            inner = c.torch
+
+            def no_grad(inner=inner):
+                with torch.no_grad():
+                    return inner()
+            c.torch = no_grad
+
+
+def memory_bandwidth(np, threads: int) -> float:
+    """Bytes/s of ``c = a + b`` over 3 x 128 MiB arrays (2 reads, 1 write), ``threads`` slices at once."""
+    n = 32 << 20
+    a, b, c = (np.ones(n, np.float32) for _ in range(3))
+    bounds = [(i * n // threads, (i + 1) * n // threads) for i in range(threads)]
+
+    def once() -> None:
+        if threads == 1:
+            np.add(a, b, out=c)
+            return
+        ts = [threading.Thread(target=lambda lo=lo, hi=hi: np.add(a[lo:hi], b[lo:hi], out=c[lo:hi]))
+              for lo, hi in bounds]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+    return 3 * 4 * n / min(median_seconds(once, 5, 1.0, warmup=1) for _ in range(3))
+
+
+def numpy_gemm_gflops(np, size: int = 2048) -> float:
+    a = np.random.default_rng(1).standard_normal((size, size)).astype(np.float32)
+    b = a.T.copy()
+    c = np.empty_like(a)
+    return 2.0 * size ** 3 / median_seconds(lambda: np.matmul(a, b, out=c), 5, 2.0) / 1e9
+
+
+def run(cases: list[Case], thread_counts: list[int], quick: bool, tmp: Path) -> tuple[list[Row], dict]:
     import numpy as np
     import onnxruntime as ort
-    from models import mlp, reduce_sum_xyz
 
     import aotc
     from aotc.compiler import compile_model
 
-    iters, secs = (5, 0.2) if args.quick else (50, 2.0)
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = args.threads
-    opts.inter_op_num_threads = 1
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        cases = []
-        n = 1 << 24
-        rng = np.random.default_rng(0)
-        xyz = {k: rng.standard_normal(n).astype(np.float32) for k in "xyz"}
-        cases.append(("reduce_sum(x+y*z) 16M", reduce_sum_xyz(n), xyz,
-                      lambda f: np.sum(f["x"] + f["y"] * f["z"])))
-        for batch in (1, 64):
-            model = mlp(batch)
-            feeds = {"x": rng.standard_normal((batch, 784)).astype(np.float32)}
-            ws = _weights(model)
-
-            def np_mlp(f, ws=ws):
-                h = np.maximum(f["x"] @ ws[0] + ws[1], 0)
-                h = np.maximum(h @ ws[2] + ws[3], 0)
-                return h @ ws[4] + ws[5]
-            cases.append((f"MLP 784-512-512-10 b{batch}", model, feeds, np_mlp))
-        for i, (label, model, feeds, np_fn) in enumerate(cases):
-            t0 = time.perf_counter()
+    iters, secs = (5, 0.3) if quick else (30, 2.0)
+    rows: list[Row] = []
+    limits = {}
+    compiled: dict[int, tuple[float, dict]] = {}
+    for threads in thread_counts:
+        _set_blas_threads(threads)
+        limits[threads] = {"bandwidth_gbs": memory_bandwidth(np, threads) / 1e9,
+                           "numpy_gemm_gflops": numpy_gemm_gflops(np)}
+        torch = _torch()
+        if torch is not None:
+            torch.set_num_threads(threads)
+        for i, case in enumerate(cases):
             # One directory and name per case: a process cannot dlopen two libraries from one path.
-            res = compile_model(model, Path(tmp) / f"case{i}", f"bench{i}")
-            compile_s = time.perf_counter() - t0
-            m = aotc.load(res.prefix)
-            sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-            t_aotc = _median_seconds(lambda m=m, f=feeds: m.run(f), iters, secs)
-            t_ort = _median_seconds(lambda s=sess, f=feeds: s.run(None, f), iters, secs)
-            t_np = _median_seconds(lambda fn=np_fn, f=feeds: fn(f), iters, secs)
-            err = float(np.max(np.abs(m.run(feeds)[0] - sess.run(None, feeds)[0])))
-            rows.append((label, compile_s, t_aotc, t_ort, t_np, err, res.num_kernels))
-    print(f"threads={args.threads}")
-    print(f"{'case':28s} {'compile s':>9s} {'kernels':>7s} {'aotc us':>10s} {'ort us':>10s} {'numpy us':>10s} "
-          f"{'ort/aotc':>8s} {'np/aotc':>8s} {'max err':>9s}")
-    for label, c, a, o, p, err, k in rows:
-        print(f"{label:28s} {c:9.2f} {k:7d} {a * 1e6:10.1f} {o * 1e6:10.1f} {p * 1e6:10.1f} {o / a:8.2f} "
-              f"{p / a:8.2f} {err:9.2e}")
+            # The first thread count compiles; later ones find the library up to date.
+            t0 = time.perf_counter()
+            res = compile_model(case.model, tmp / f"case{i}", f"bench{i}")
+            compile_s = compiled.setdefault(i, (time.perf_counter() - t0, res.seconds))
+            m = aotc.load(res.prefix, threads=threads)
+            opts = ort.SessionOptions()
+            opts.intra_op_num_threads = threads
+            opts.inter_op_num_threads = 1
+            opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            sess = ort.InferenceSession(case.model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+            t_aotc = median_seconds(lambda m=m, f=case.feeds: m.run(f), iters, secs)
+            t_ort = median_seconds(lambda s=sess, f=case.feeds: s.run(None, f), iters, secs)
+            t_np = median_seconds(lambda fn=case.numpy, f=case.feeds: fn(f), iters, secs) if case.numpy else None
+            t_torch = median_seconds(case.torch, iters, secs) if case.torch else None
+            got, want = m.run(case.feeds)[0], sess.run(None, case.feeds)[0]
+            err = float(np.max(np.abs(got.astype(np.float64) - want))) if got.size else 0.0
+            total_s, parts = compile_s
+            rows.append(Row(case, threads, total_s, res.num_kernels, t_aotc, t_ort, t_np, t_torch, err,
+                            {"c_compile_s": parts.get("c_compile", 0.0),
+                             "passes_s": total_s - parts.get("c_compile", 0.0)}))
+            print(f"  [{threads} thread(s)] {case.label}: aotc {t_aotc * 1e3:.3f} ms, "
+                  f"onnxruntime {t_ort * 1e3:.3f} ms", file=sys.stderr)
+    return rows, limits
 
 
-def _weights(model):
-    from onnx import numpy_helper
+def _set_blas_threads(n: int) -> None:
+    try:
+        from threadpoolctl import threadpool_limits
+        threadpool_limits(n)
+    except ImportError:
+        pass
 
-    return [numpy_helper.to_array(t) for t in model.graph.initializer]
+
+def _torch():
+    try:
+        import torch
+        return torch
+    except ImportError:
+        return None
+
+
+def _fmt_t(s: float | None) -> str:
+    if s is None:
+        return "-"
+    return f"{s * 1e3:.2f} ms" if s >= 1e-3 else f"{s * 1e6:.0f} µs"
+
+
+def table(rows: list[Row], limits: dict) -> str:
+    out = ["| case | threads | compile | kernels | aotc | onnxruntime | numpy | torch | ort/aotc | "
+           "numpy/aotc | vs limit | max abs err |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lim = limits[r.threads]
+        if r.case.kind == "fused" and r.case.bytes:
+            bound = r.case.bytes / (lim["bandwidth_gbs"] * 1e9)
+            vs = f"{r.aotc / bound:.2f}× bandwidth bound"
+        elif r.case.kind == "gemm" and r.case.flops:
+            gflops = r.case.flops / r.aotc / 1e9
+            vs = f"{gflops:.0f} GFLOP/s, {gflops / lim['numpy_gemm_gflops']:.0%} of numpy 2048"
+        else:
+            vs = ""
+        out.append(f"| {r.case.label} | {r.threads} | {r.compile_s:.1f} s | {r.kernels} | {_fmt_t(r.aotc)} | "
+                   f"{_fmt_t(r.ort)} | {_fmt_t(r.numpy)} | {_fmt_t(r.torch)} | **{r.ort / r.aotc:.2f}** | "
+                   + (f"{r.numpy / r.aotc:.2f}" if r.numpy else "-") + f" | {vs} | {r.max_err:.1e} |")
+    return "\n".join(out)
+
+
+def limits_text(limits: dict) -> str:
+    return "\n".join(f"- {t} thread(s): memory bandwidth {v['bandwidth_gbs']:.1f} GB/s (numpy `c = a + b`), "
+                     f"numpy OpenBLAS sgemm 2048: {v['numpy_gemm_gflops']:.0f} GFLOP/s" for t, v in limits.items())
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--quick", action="store_true", help="fewer iterations (smoke test)")
+    ap.add_argument("--no-models", action="store_true", help="skip ResNet-18, MobileNetV2 and BERT")
+    ap.add_argument("--only", help="only cases whose label contains this text")
+    ap.add_argument("--write-docs", metavar="FILE", help="also write the results as Markdown to FILE")
+    args = ap.parse_args()
+    import numpy as np
+    import onnxruntime as ort
+
+    import aotc
+
+    cases = synthetic_cases(np)
+    if not args.no_models:
+        from bench_models import real_cases
+
+        cases += real_cases(np)
+    if args.only:
+        cases = [c for c in cases if args.only in c.label]
+    with tempfile.TemporaryDirectory() as tmp:
+        rows, limits = run(cases, args.threads, args.quick, Path(tmp))
+    text = table(rows, limits)
+    head = (f"Machine: {machine()}. aotc {aotc.__version__}, onnxruntime {ort.__version__}, "
+            f"numpy {np.__version__}" + (f", torch {_torch().__version__}" if _torch() else "") + ".")
+    print(head)
+    print(limits_text(limits))
+    print(text)
+    if args.write_docs:
+        Path(args.write_docs).write_text(DOC.format(head=head, limits=limits_text(limits), table=text,
+                                                    command=" ".join(["python", "benchmarks/compare.py",
+                                                                      *sys.argv[1:]])))
+
+
+DOC = """# Benchmarks
+
+Generated by `{command}`; do not edit by hand. Every number below comes from one run of that
+script, with aotc, onnxruntime (all graph optimizations, the same thread count), numpy and PyTorch
+eager measured in the same process, one after the other. Times are medians over many iterations
+after warm-up. `ort/aotc` > 1 means aotc is faster. The machine is shared and noisy: compare
+ratios within a run, not absolute times across runs.
+
+{head}
+
+Limits measured in the same run:
+
+{limits}
+
+{table}
+
+Notes:
+
+- `vs limit` for fused elementwise/reduction graphs is aotc's time divided by the time to move
+  the graph's compulsory bytes at the measured bandwidth; 1.0 is the hardware limit.
+- For GEMM it is aotc's GFLOP/s as a fraction of numpy's (OpenBLAS) sgemm at 2048 with the same
+  thread count.
+- `compile` is the whole `aotc compile` (passes, code generation and the C compiler).
+"""
 
 
 if __name__ == "__main__":
