@@ -311,7 +311,8 @@ def main() -> None:
     if not args.no_models:
         from bench_models import real_cases
 
-        cases += real_cases(np)
+        cases += [Case(label, model, feeds, torch=eager, kind="model")
+                  for label, model, feeds, eager in real_cases()]
     if args.only:
         cases = [c for c in cases if args.only in c.label]
     with tempfile.TemporaryDirectory() as tmp:
