@@ -12,7 +12,6 @@ def _bert_4l_256():
     import numpy as np
     import torch
     import transformers as tf
-
     from real_models import VOCAB, _Logits
 
     torch.manual_seed(0)
@@ -27,9 +26,8 @@ def real_cases() -> list[tuple[str, object, dict, Callable]]:
     """(label, ONNX model, feeds, PyTorch eager call) per architecture that builds here."""
     try:
         import onnx
-        import torch
-
         import real_models as rm
+        import torch
     except ImportError as e:
         print(f"skipping the real architectures: {e}", file=sys.stderr)
         return []
