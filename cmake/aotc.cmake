@@ -10,7 +10,8 @@
 #
 # runs "aotc compile" at build time into ${CMAKE_CURRENT_BINARY_DIR}/<target>_aotc/
 # and defines <target>, an IMPORTED STATIC library carrying the generated
-# header's directory and libm in its usage requirements:
+# header's directory, libm and (where found) the threads library in its usage
+# requirements:
 #
 #   aotc_add_model(mlp MODEL ${CMAKE_CURRENT_SOURCE_DIR}/mlp.onnx)
 #   add_executable(app app.c)          # app.c does #include "mlp.h"
@@ -114,12 +115,16 @@ function(aotc_add_model target)
     VERBATIM)
   add_custom_target(${target}_aotc_gen DEPENDS "${library}" "${header}")
 
+  # The generated thread pool (<name>_pool_create) uses pthreads; the rest of the library does not.
+  if(NOT TARGET Threads::Threads AND (CMAKE_C_COMPILER_LOADED OR CMAKE_CXX_COMPILER_LOADED))
+    find_package(Threads QUIET)
+  endif()
   add_library(${target} STATIC IMPORTED GLOBAL)
   set_target_properties(${target} PROPERTIES
     IMPORTED_LOCATION "${library}"
     IMPORTED_LINK_INTERFACE_LANGUAGES "C"
     INTERFACE_INCLUDE_DIRECTORIES "${out_dir}"
-    INTERFACE_LINK_LIBRARIES "m")
+    INTERFACE_LINK_LIBRARIES "m;$<$<TARGET_EXISTS:Threads::Threads>:Threads::Threads>")
   # Anything linking ${target} waits for the aotc run (followed transitively
   # since an imported target does not build by itself).
   add_dependencies(${target} ${target}_aotc_gen)
