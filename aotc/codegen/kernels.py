@@ -20,6 +20,7 @@ from aotc.errors import AotcError
 from aotc.ir import dtypes
 from aotc.ir.graph import Graph, Value
 from aotc.ops import OPS
+from aotc.ops import conv as conv_ops
 from aotc.passes.fuse import Kernel
 
 
@@ -100,6 +101,10 @@ def gemm_spec(k: Kernel, isa: str, fn: str = "gemm") -> gemm_gen.GemmSpec | None
 
 
 def scratch_bytes(k: Kernel, isa: str, ntasks: int) -> int:
+    if k.kind == "conv":
+        assert k.conv is not None
+        path = conv_ops.conv_path(k.conv, isa)
+        return conv_ops.conv_scratch_floats(conv_ops.geometry(k.conv), path, isa) * 4 * ntasks
     if k.kind != "gemm":
         return 0
     spec = gemm_spec(k, isa)
@@ -112,6 +117,8 @@ def emit_kernel(k: Kernel, fn: str, isa: str) -> KernelSource:
         return _function(fn, k, args, names, emit_loop_kernel(k, ptrs))
     if k.kind == "gemm":
         return _emit_gemm(k, fn, isa)
+    if k.kind == "conv":
+        return _emit_conv(k, fn, isa)
     node = k.root
     op = OPS[node.op]
     if op.emit is None:
@@ -169,12 +176,16 @@ def _epilogue(k: Kernel, ptrs: dict[int, str]) -> tuple[list[str] | None, list[t
 
     def addr(acc: Access) -> str:
         terms = [str(acc.base)] if acc.base else []
-        batch = list(range(rank - 2))
-        for d in batch[:-1]:
-            if acc.coeffs[d] != acc.coeffs[d + 1] * extents[d + 1]:
-                raise _NotAffine
-        if batch and acc.coeffs[batch[-1]]:
-            terms.append(f"{acc.coeffs[batch[-1]]} * b")
+        # The batch index b runs over the output's batch dims flattened; dims of extent 1 never move.
+        live = [d for d in range(rank - 2) if extents[d] != 1]
+        stride = {d: int(np.prod(extents[d + 1:rank - 2])) for d in live}
+        if live:
+            scale = acc.coeffs[live[-1]]
+            if all(acc.coeffs[d] == scale * stride[d] for d in live):  # walks b contiguously
+                if scale:
+                    terms.append(f"{scale} * b")
+            else:  # a broadcast inside the batch dims: recover each index
+                terms += [f"{acc.coeffs[d]} * ((b / {stride[d]}) % {extents[d]})" for d in live if acc.coeffs[d]]
         for d, name in loop_var.items():
             if acc.coeffs[d]:
                 terms.append(name if acc.coeffs[d] == 1 else f"{acc.coeffs[d]} * {name}")
@@ -184,18 +195,58 @@ def _epilogue(k: Kernel, ptrs: dict[int, str]) -> tuple[list[str] | None, list[t
             params.append((f"const {dtypes.c_type(v.dtype)} *restrict {acc.ptr}", acc.ptr))
         return f"{acc.ptr}[{' + '.join(terms) or '0'}]"
 
-    try:
-        lines = em.render("epilogue", addr)
-    except _NotAffine:
-        raise AotcError("internal: GEMM epilogue with a non-collapsible batch broadcast") from None
+    lines = em.render("epilogue", addr)
     lines.append(f"v = {root};")
     if rank == 2:
         lines.insert(0, "(void)b;")
     return ["{", *lines, "}"], params
 
 
-class _NotAffine(Exception):
-    pass
+def _emit_conv(k: Kernel, fn: str, isa: str) -> KernelSource:
+    """A Conv with its elementwise consumer chain applied to each output value ``v`` before the store."""
+    node = k.conv
+    assert node is not None
+    args, names, ptrs = _external(k)
+    x, w = node.inputs[0], node.inputs[1]
+    b = node.inputs[2] if len(node.inputs) > 2 else None
+    out = k.outputs[0]
+    epi: list[str] | None = None
+    if len(k.nodes) > 1:
+        rank = len(out.shape)
+        em = Emitter(k, ptrs, rank)
+        em.memo[(id(node.outputs[0]), identity_map(rank), "epilogue")] = "v"
+        root = em.value(out, identity_map(rank), "epilogue")
+        # Loop index names of the output dims: batch, channel, then the trailing spatial dims; a
+        # read that walks the spatial dims contiguously uses the flat position s instead.
+        var = ["n", "c", *["od", "oh", "ow"][3 - (rank - 2):]]
+        sp = list(range(2, rank))
+
+        def addr(acc: Access) -> str:
+            terms = [str(acc.base)] if acc.base else []
+            cs = acc.coeffs
+            flat = all(cs[d] == cs[d + 1] * out.shape[d + 1] for d in sp[:-1])
+            dims = [0, 1] if flat else range(rank)
+            terms += [f"{cs[d]} * {var[d]}" for d in dims if cs[d]]
+            if flat and cs[-1]:
+                terms.append(f"{cs[-1]} * s")
+            return f"{acc.ptr}[{' + '.join(terms) or '0'}]"
+
+        epi = ["{", *em.render("epilogue", addr), f"v = {root};", "}"]
+    path = conv_ops.conv_path(node, isa)
+    packed = None
+    if path in ("tiled", "rows"):  # weights packed at compile time into the micro-kernel's layout
+        g = conv_ops.geometry(node)
+        bc = None if b is None else b.const
+        rows = conv_ops.rows_plan(g, isa)
+        arr = (conv_ops.pack_rows_weights(w.const, bc, g, rows[0]) if path == "rows" and rows else
+               conv_ops.pack_conv_weights(w.const, bc, g, conv_ops.tile_plan(g, isa)))
+        args.append((Graph.constant(arr, f"{w.name}_packed"), "in"))
+        names.append("in_packed")
+        packed = "in_packed"
+    bname = ptrs[id(b)] if b is not None else None
+    helpers, body = conv_ops.conv_kernel(node, ptrs[id(x)], ptrs[id(w)], bname, ptrs[id(out)], isa, fn,
+                                         epi, packed)
+    return _function(fn, k, args, names, body, scratch=scratch_bytes(k, isa, 1) > 0, helpers=helpers)
 
 
 def _naive_matmul(k: Kernel, fn: str, args, names, ptrs) -> KernelSource:

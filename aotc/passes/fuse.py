@@ -6,7 +6,8 @@ Kernels are grown backwards from their last node, XLA-style producer->consumer f
 - a reduction fuses with its producers (the loop body) and with elementwise consumers at the reduced
   shape (the epilogue), e.g. ``reduce_sum(x + y*z)`` is one loop that reads x, y and z once;
 - a MatMul whose only consumer chain is elementwise at the same shape becomes a GEMM kernel with
-  that chain as its epilogue, e.g. ``relu(x @ W + b)``;
+  that chain as its epilogue, e.g. ``relu(x @ W + b)``; a Conv likewise becomes a conv kernel with its
+  elementwise chain (folded BatchNorm, Relu/Clip/HardSwish, a residual Add) as epilogue;
 - other ops (softmax, concat, ...) are template kernels of their own; aliases (reshapes) are free.
 """
 
@@ -22,11 +23,12 @@ from aotc.ops import OPS
 
 @dataclass(eq=False)
 class Kernel:
-    kind: str                      # "loop" | "gemm" | "op"
+    kind: str                      # "loop" | "gemm" | "conv" | "op"
     root: Node                     # the node whose output the kernel writes
     nodes: list[Node] = field(default_factory=list)  # in graph order
     reduce: Node | None = None     # loop kernels: the one reduction, if any
     gemm: Node | None = None       # gemm kernels: the MatMul
+    conv: Node | None = None       # conv kernels: the Conv
     index: int = 0
 
     @property
@@ -92,6 +94,8 @@ def fuse(graph: Graph) -> bool:
             k = Kernel("loop", node, [node], reduce=node if kind == "reduce" else None)
         elif kind == "gemm":
             k = Kernel("gemm", node, [node], gemm=node)
+        elif node.op == "Conv":
+            k = Kernel("conv", node, [node], conv=node)
         else:
             k = Kernel("op", node, [node])
         owner[id(node)] = k
@@ -133,6 +137,13 @@ def _grow(k: Kernel, users: dict[int, list[Node]], fetched: set[int], owner: dic
                 owner[id(p)] = k
                 k.nodes.append(p)
                 continue  # the MatMul's operands are read from memory, not fused
+            if p.op == "Conv" and k.kind == "loop" and k.reduce is None and v.shape == out_shape \
+                    and k.root.outputs[0].dtype == v.dtype \
+                    and all(OPS[x.op].kind == "elementwise" for x in k.nodes):
+                k.kind, k.conv = "conv", p
+                owner[id(p)] = k
+                k.nodes.append(p)
+                continue  # the Conv's operands are read from memory
             if not ok:
                 continue
             owner[id(p)] = k

@@ -13,6 +13,7 @@ from aotc.dump import write_dumps, write_summary
 from aotc.ir.graph import Graph
 from aotc.passes.fuse import fuse
 from aotc.passes.memory import plan_memory
+from aotc.passes.patterns import rewrite_patterns
 from aotc.passes.propagate import propagate
 from aotc.passes.prune import prune
 from aotc.passes.simplify import simplify
@@ -40,6 +41,7 @@ class Pass:
 DEFAULT_PASSES = [
     Pass("prune", prune),
     Pass("propagate", propagate),   # shape/dtype inference + constant folding
+    Pass("patterns", rewrite_patterns),  # decomposed LayerNorm / GELU -> one op each
     Pass("simplify", simplify_to_fixpoint),
     Pass("prune_again", prune),
     Pass("fuse", fuse),

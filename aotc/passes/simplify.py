@@ -4,7 +4,8 @@
   chains of reshapes collapse into one.
 - Gemm becomes MatMul (+ scale and bias as elementwise ops the GEMM epilogue absorbs).
 - BatchNormalization becomes ``x * s + t`` with per-channel constants; a per-column scale right
-  after a MatMul by constant weights is folded into the weights (BN after Gemm/Linear).
+  after a MatMul by constant weights is folded into the weights (BN after Gemm/Linear), and a
+  per-channel scale or shift right after a Conv with constant weights into its weights and bias.
 """
 
 from __future__ import annotations
@@ -80,6 +81,8 @@ def simplify(graph: Graph) -> bool:
         if n.op == "BatchNormalization":
             _batchnorm(rw, n)
             continue
+        if n.op in ("Mul", "Add") and _fold_into_conv(rw, n, users):
+            continue
         if n.op == "Mul" and _fold_scale_into_matmul(rw, n, users):
             continue
         if n.op == "Add" and _merge_constant_adds(rw, n, users):
@@ -134,12 +137,13 @@ def _fold_scale_into_matmul(rw: _Rewriter, n: Node, users: dict[int, list[Node]]
         m, s = s, m
     if m is None or s is None or not s.is_const or m.producer is None:
         return False
-    if m.producer.op == "Add" and len(users.get(id(m), [])) == 1:
+    if m.producer.op == "Add" and len(users.get(id(m), [])) == 1 and not any(o is m for o in rw.graph.outputs):
         return _distribute_scale(rw, n, m.producer, s, users)
     if m.producer.op != "MatMul":
         return False
     w = m.producer.inputs[1]
-    if w is None or not w.is_const or len(w.shape) != 2 or len(users.get(id(m), [])) != 1:
+    if w is None or not w.is_const or len(w.shape) != 2 or len(users.get(id(m), [])) != 1 \
+            or any(o is m for o in rw.graph.outputs):  # a fetched product must keep its value
         return False
     if m.shape != n.outputs[0].shape or any(d != 1 for d in s.shape[:-1]) or m.dtype != s.dtype:
         return False
@@ -160,7 +164,8 @@ def _merge_constant_adds(rw: _Rewriter, n: Node, users: dict[int, list[Node]]) -
     if inner is None or c2 is None or not c2.is_const:
         inner, c2 = c2, inner
     if inner is None or c2 is None or not c2.is_const or inner.producer is None \
-            or inner.producer.op != "Add" or len(users.get(id(inner), [])) != 1:
+            or inner.producer.op != "Add" or len(users.get(id(inner), [])) != 1 \
+            or any(o is inner for o in rw.graph.outputs):
         return False
     x, c1 = inner.producer.inputs
     if c1 is None or not c1.is_const:
@@ -180,7 +185,8 @@ def _distribute_scale(rw: _Rewriter, n: Node, add: Node, s: Value, users: dict[i
     if c is None or not c.is_const:
         m, c = c, m
     if (m is None or c is None or not c.is_const or m.producer is None or m.producer.op != "MatMul"
-            or len(users.get(id(m), [])) != 1 or m.shape != n.outputs[0].shape):
+            or len(users.get(id(m), [])) != 1 or m.shape != n.outputs[0].shape
+            or any(o is m for o in rw.graph.outputs)):
         return False
     cs = _const(c.const * s.const, c, c.name)
     if cs.shape != c.shape and len(cs.shape) > len(n.outputs[0].shape):
@@ -188,5 +194,46 @@ def _distribute_scale(rw: _Rewriter, n: Node, add: Node, s: Value, users: dict[i
     rw.nodes = [x for x in rw.nodes if x is not add]
     scaled = rw.node("Mul", [m, s], {}, n.name)
     rw.node("Add", [scaled, cs], {}, add.name, out=n.outputs[0])
+    rw.changed = True
+    return True
+
+
+def _per_channel(c: Value, rank: int) -> np.ndarray | None:
+    """A constant broadcast over [N, C, ...] that varies at most along C, as its C (or 1) values."""
+    shape = (1,) * (rank - len(c.shape)) + tuple(c.shape)
+    if len(shape) != rank or any(d != 1 for i, d in enumerate(shape) if i != 1):
+        return None
+    return c.const.reshape(-1)
+
+
+def _fold_into_conv(rw: _Rewriter, n: Node, users: dict[int, list[Node]]) -> bool:
+    """Mul(Conv(x, W, b), s) -> Conv(x, W * s, b * s); Add(Conv(x, W, b), t) -> Conv(x, W, b + t)
+    for per-channel constants s, t and constant W, b (BatchNormalization after a Conv)."""
+    y, c = n.inputs
+    if c is None or not c.is_const:
+        y, c = c, y
+    if y is None or c is None or not c.is_const or y.producer is None or y.producer.op != "Conv":
+        return False
+    conv = y.producer
+    w = conv.inputs[1]
+    b = conv.inputs[2] if len(conv.inputs) > 2 else None
+    if w is None or not w.is_const or (b is not None and not b.is_const) or len(users.get(id(y), [])) != 1 \
+            or any(o is y for o in rw.graph.outputs) \
+            or y.shape != n.outputs[0].shape or c.dtype != y.dtype or len(c.shape) > len(y.shape):
+        return False
+    vec = _per_channel(c, len(y.shape))
+    m = w.shape[0]
+    if vec is None or vec.size not in (1, m):
+        return False
+    vec = np.broadcast_to(vec, (m,))
+    bias = b.const if b is not None else np.zeros(m, w.dtype)
+    if n.op == "Mul":
+        w = _const(w.const * vec.reshape((m,) + (1,) * (len(w.shape) - 1)), w, w.name)
+        bias = bias * vec
+    else:
+        bias = bias + vec
+    rw.nodes = [x for x in rw.nodes if x is not conv]
+    attrs = {k: v for k, v in conv.attrs.items() if k != "_opset"}
+    rw.node("Conv", [conv.inputs[0], w, _const(bias, c, "conv_bias")], attrs, conv.name, out=n.outputs[0])
     rw.changed = True
     return True

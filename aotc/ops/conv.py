@@ -1,0 +1,911 @@
+"""Convolution and pooling: Conv, ConvTranspose, MaxPool, AveragePool, LpPool and the global pools.
+
+Every op works on NC + 1..3 spatial dims; the C generators pad the spatial dims to three (leading
+1s), so one loop nest covers 1-D, 2-D and 3-D. Work is split over (batch, channel) pairs, never over
+a reduction, so results do not depend on ``ntasks``.
+
+Conv has four code paths (``conv_path`` picks one, ``conv_kernel`` writes it); the fast ones are
+float32 and split work over (batch, group, chunk of output positions, block of output channels):
+
+- "tiled" (constant weights): a register-tiled implicit GEMM. Weights are packed at compile time into
+  blocks of CB output channels ([ci][tap][CB]); a tile of R output positions x CB channels lives in
+  vector registers while every (input channel, tap) adds ``x * w``: R broadcasts of x and CB/lanes
+  weight loads feed R * CB/lanes FMAs, the GEMM micro-kernel's ratio. Padding is handled by copying
+  the input into a zero-padded scratch buffer, so the hot loop has no bounds checks.
+- "rows" (constant weights, 1x1, stride 1, no padding): Y[co, s] = W[co, ci] X[ci, s] with the
+  weights broadcast and contiguous vectors of positions, the input packed into panels like GEMM's B.
+- "depthwise" (one input channel per group): strided or small planes are copied into a zero-padded
+  buffer split into stride phases, so one flat loop over "virtual" positions has contiguous loads
+  for every tap; large stride-1 planes run a width loop per row with the taps unrolled.
+- "generic" (float64, run-time weights): a plain bounds-checked loop.
+
+The Conv kernel applies its fused elementwise consumers (``Epilogue``) to each value before storing.
+Pooling is separable (rows reduced into a padded row buffer, then along it) for MaxPool and
+AveragePool; LpPool, the Indices output and the global pools use a bounds-checked loop.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from aotc.errors import AotcError
+from aotc.ir.graph import Node
+from aotc.ops.common import lowest
+from aotc.ops.registry import OpDef, register
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """Sizes of one conv/pool with the spatial dims padded to three (leading 1s)."""
+
+    n: int                      # batch
+    c: int                      # input channels
+    m: int                      # output channels
+    group: int
+    inp: tuple[int, int, int]   # input spatial dims
+    out: tuple[int, int, int]   # output spatial dims
+    k: tuple[int, int, int]     # kernel
+    s: tuple[int, int, int]     # strides
+    d: tuple[int, int, int]     # dilations
+    pb: tuple[int, int, int]    # pads at the beginning
+    pe: tuple[int, int, int]    # pads at the end
+
+    @property
+    def in_size(self) -> int:
+        return math.prod(self.inp)
+
+    @property
+    def out_size(self) -> int:
+        return math.prod(self.out)
+
+    @property
+    def taps(self) -> int:
+        return math.prod(self.k)
+
+
+def _pad3(v: list[int] | tuple[int, ...], fill: int) -> tuple[int, int, int]:
+    return tuple([fill] * (3 - len(v)) + [int(x) for x in v])  # type: ignore[return-value]
+
+
+def _spatial(node: Node, in_sp: tuple[int, ...], k_sp: tuple[int, ...], ceil_mode: bool = False):
+    """(out, pads_begin, pads_end) per ONNX's rules for auto_pad, pads, strides, dilations, ceil_mode."""
+    nd = len(in_sp)
+    if nd < 1 or nd > 3:
+        raise AotcError(f"{node.op} node {node.name!r}: {nd} spatial dims (1 to 3 supported)")
+    s = [int(x) for x in node.attr("strides", [1] * nd)]
+    d = [int(x) for x in node.attr("dilations", [1] * nd)]
+    pads = [int(x) for x in node.attr("pads", [0] * 2 * nd)]
+    auto = node.attr("auto_pad", "NOTSET")
+    auto = auto.decode() if isinstance(auto, bytes) else auto
+    if len(s) != nd or len(d) != nd or len(pads) != 2 * nd:
+        raise AotcError(f"{node.op} node {node.name!r}: strides/dilations/pads do not match rank")
+    ek = [(k - 1) * dd + 1 for k, dd in zip(k_sp, d, strict=True)]  # extent of a dilated kernel
+    out, pb, pe = [], [], []
+    for i in range(nd):
+        if auto in ("SAME_UPPER", "SAME_LOWER"):
+            o = -(-in_sp[i] // s[i])
+            total = max(0, (o - 1) * s[i] + ek[i] - in_sp[i])
+            lo = total // 2 if auto == "SAME_UPPER" else total - total // 2
+            out.append(o), pb.append(lo), pe.append(total - lo)
+            continue
+        b, e = (0, 0) if auto == "VALID" else (pads[i], pads[i + nd])
+        span = in_sp[i] + b + e - ek[i]
+        o = (-(-span // s[i]) if ceil_mode else span // s[i]) + 1
+        if ceil_mode and (o - 1) * s[i] >= in_sp[i] + b:  # the last window must start inside
+            o -= 1
+        out.append(o), pb.append(b), pe.append(e)
+    if min(out) < 1:
+        raise AotcError(f"{node.op} node {node.name!r}: empty output for input {in_sp}")
+    return out, pb, pe, s, d
+
+
+def geometry(node: Node) -> Geometry:
+    """The geometry of a Conv, ConvTranspose or pooling node (inputs must have shapes)."""
+    x = node.inputs[0]
+    assert x is not None and x.shape is not None
+    if len(x.shape) < 3:
+        raise AotcError(f"{node.op} node {node.name!r}: input rank {len(x.shape)} < 3")
+    n, c, in_sp = x.shape[0], x.shape[1], tuple(x.shape[2:])
+    nd = len(in_sp)
+    group = int(node.attr("group", 1))
+    if node.op in ("Conv", "ConvTranspose"):
+        w = node.inputs[1]
+        assert w is not None and w.shape is not None
+        k_sp = tuple(w.shape[2:])
+        if len(w.shape) != len(x.shape) or c % group:
+            raise AotcError(f"{node.op} node {node.name!r}: weight shape {w.shape} does not fit {x.shape}")
+        if "kernel_shape" in node.attrs and tuple(node.attrs["kernel_shape"]) != k_sp:
+            raise AotcError(f"{node.op} node {node.name!r}: kernel_shape does not match the weights")
+    elif node.op.startswith("Global"):
+        k_sp = in_sp
+    else:
+        k_sp = tuple(int(v) for v in node.attr("kernel_shape", []))
+        if len(k_sp) != nd:
+            raise AotcError(f"{node.op} node {node.name!r}: kernel_shape must have {nd} entries")
+    if node.op == "Conv":
+        m = w.shape[0]
+        if w.shape[1] * group != c or m % group:
+            raise AotcError(f"Conv node {node.name!r}: weight shape {w.shape} does not fit {x.shape}, group {group}")
+        out, pb, pe, s, d = _spatial(node, in_sp, k_sp)
+    elif node.op == "ConvTranspose":
+        if w.shape[0] != c:
+            raise AotcError(f"ConvTranspose node {node.name!r}: weight shape {w.shape} does not fit {x.shape}")
+        m = w.shape[1] * group
+        out, pb, pe, s, d = _transpose_spatial(node, in_sp, k_sp)
+    elif node.op.startswith("Global"):
+        m, out, pb, pe, s, d = c, [1] * nd, [0] * nd, [0] * nd, [1] * nd, [1] * nd
+    else:
+        m = c
+        out, pb, pe, s, d = _spatial(node, in_sp, k_sp, bool(node.attr("ceil_mode", 0)))
+    return Geometry(n, c, m, group, _pad3(in_sp, 1), _pad3(out, 1), _pad3(k_sp, 1), _pad3(s, 1),
+                    _pad3(d, 1), _pad3(pb, 0), _pad3(pe, 0))
+
+
+def _transpose_spatial(node: Node, in_sp: tuple[int, ...], k_sp: tuple[int, ...]):
+    nd = len(in_sp)
+    s = [int(x) for x in node.attr("strides", [1] * nd)]
+    d = [int(x) for x in node.attr("dilations", [1] * nd)]
+    op = [int(x) for x in node.attr("output_padding", [0] * nd)]
+    auto = node.attr("auto_pad", "NOTSET")
+    auto = auto.decode() if isinstance(auto, bytes) else auto
+    full = [s[i] * (in_sp[i] - 1) + op[i] + (k_sp[i] - 1) * d[i] + 1 for i in range(nd)]
+    shape = node.attr("output_shape")
+    if "pads" in node.attrs and auto not in ("SAME_UPPER", "SAME_LOWER"):
+        pads = [int(x) for x in node.attrs["pads"]]
+        pb, pe = pads[:nd], pads[nd:]
+        out = [full[i] - pb[i] - pe[i] for i in range(nd)]
+    elif shape is not None or auto in ("SAME_UPPER", "SAME_LOWER"):
+        out = [int(x) for x in shape][-nd:] if shape is not None else [in_sp[i] * s[i] for i in range(nd)]
+        total = [full[i] - out[i] for i in range(nd)]
+        # onnxruntime: SAME_UPPER puts the odd pad at the end, anything else at the beginning.
+        pb = [t // 2 if auto == "SAME_UPPER" else t - t // 2 for t in total]
+        pe = [t - b for t, b in zip(total, pb, strict=True)]
+    else:
+        pb, pe, out = [0] * nd, [0] * nd, full
+    if min(out) < 1:
+        raise AotcError(f"ConvTranspose node {node.name!r}: empty output")
+    return out, pb, pe, s, d
+
+
+def _infer(node: Node):
+    x = node.inputs[0]
+    assert x is not None and x.shape is not None
+    g = geometry(node)
+    nd = len(x.shape) - 2
+    shape = (g.n, g.m, *g.out[3 - nd:])
+    res = [(shape, x.dtype)]
+    if node.op == "MaxPool" and len(node.outputs) > 1:
+        res.append((shape, np.dtype(np.int64)))
+    return res
+
+
+# -- C generation ------------------------------------------------------------------------------------
+# Epilogue: C statements that update ``v`` (the finished output value) and may read n, c, od, oh, ow.
+Epilogue = list[str]
+
+
+def _epi_block(epi: Epilogue | None, g: Geometry, s: str, indent: str = "") -> list[str]:
+    """Statements defining od/oh/ow from the flat output position ``s`` if the epilogue uses them
+    (most epilogues read per-channel values or same-shaped tensors, addressed by c and s only)."""
+    if not epi:
+        return []
+    oh_, ow_ = g.out[1], g.out[2]
+    lines = list(epi)
+    if any(re.search(r"\b(od|oh|ow)\b", ln) for ln in epi):
+        lines.insert(0, f"const size_t od = ({s}) / {oh_ * ow_}, oh = ({s}) / {ow_} % {oh_}, ow = ({s}) % {ow_};"
+                        " (void)od; (void)oh; (void)ow;")
+    return [indent + x for x in lines]
+
+
+def _task_loop(total: int, inner: str) -> str:
+    """Tasks take contiguous ranges of work units (every unit is computed the same way)."""
+    return (f"for (size_t t = (size_t){total} * task / ntasks; t < (size_t){total} * (task + 1) / ntasks; t++) {{\n"
+            f"{inner}\n}}")
+
+
+def _generic_conv(g: Geometry, x: str, w: str, b: str | None, y: str, ct: str, epi: Epilogue | None) -> str:
+    """Any dtype, any weights: bounds-checked direct convolution, one (n, m) plane per work unit."""
+    cg, mg = g.c // g.group, g.m // g.group
+    ID, IH, IW = g.inp
+    lines = [f"const size_t n = t / {g.m}, c = t % {g.m}, grp = c / {mg}; (void)n;",
+             f"const {ct} *xg = {x} + (n * {g.c} + grp * {cg}) * {g.in_size};",
+             f"const {ct} *wm = {w} + c * {cg * g.taps};",
+             f"{ct} *yo = {y} + t * {g.out_size};",
+             f"for (size_t s = 0; s < {g.out_size}; s++) {{",
+             f"  const ptrdiff_t d0 = (ptrdiff_t)(s / {g.out[1] * g.out[2]}) * {g.s[0]} - {g.pb[0]};",
+             f"  const ptrdiff_t h0 = (ptrdiff_t)(s / {g.out[2]} % {g.out[1]}) * {g.s[1]} - {g.pb[1]};",
+             f"  const ptrdiff_t w0 = (ptrdiff_t)(s % {g.out[2]}) * {g.s[2]} - {g.pb[2]};",
+             f"  {ct} v = {f'{b}[c]' if b else '0'};",
+             f"  for (size_t ci = 0; ci < {cg}; ci++)",
+             f"    for (ptrdiff_t kd = 0; kd < {g.k[0]}; kd++) {{",
+             f"      const ptrdiff_t id = d0 + kd * {g.d[0]}; if (id < 0 || id >= {ID}) continue;",
+             f"      for (ptrdiff_t kh = 0; kh < {g.k[1]}; kh++) {{",
+             f"        const ptrdiff_t ih = h0 + kh * {g.d[1]}; if (ih < 0 || ih >= {IH}) continue;",
+             f"        for (ptrdiff_t kw = 0; kw < {g.k[2]}; kw++) {{",
+             f"          const ptrdiff_t iw = w0 + kw * {g.d[2]}; if (iw < 0 || iw >= {IW}) continue;",
+             f"          v += wm[((ci * {g.k[0]} + kd) * {g.k[1]} + kh) * {g.k[2]} + kw] * "
+             f"xg[ci * {g.in_size} + (id * {IH} + ih) * {IW} + iw];",
+             "        }", "      }", "    }",
+             *_epi_block(epi, g, "s", "  "),
+             "  yo[s] = v;", "}"]
+    return _task_loop(g.n * g.m, "\n".join("  " + ln for ln in lines))
+
+
+def _padded_dims(g: Geometry) -> tuple[int, int, int]:
+    return tuple(g.inp[i] + g.pb[i] + g.pe[i] for i in range(3))  # type: ignore[return-value]
+
+
+def _pad_copy(g: Geometry, src: str, dst: str, planes: int) -> list[str]:
+    """Copy ``planes`` input planes into a zero-padded buffer (so the hot loops need no bounds checks)."""
+    PD, PH, PW = _padded_dims(g)
+    ID, IH, IW = g.inp
+    # The padding is zeroed on a task's first unit only: later copies overwrite the same interior.
+    return [f"if (t == t0) for (size_t i = 0; i < {planes * PD * PH * PW}; i++) {dst}[i] = 0;",
+            f"for (size_t p = 0; p < {planes * ID * IH}; p++) {{",
+            f"  const size_t pl = p / {ID * IH}, r = p % {ID * IH};",
+            f"  float *restrict drow = {dst} + pl * {PD * PH * PW} + ((r / {IH} + {g.pb[0]}) * {PH} "
+            f"+ r % {IH} + {g.pb[1]}) * {PW} + {g.pb[2]};",
+            f"  const float *restrict srow = {src} + p * {IW};",
+            f"  for (size_t i = 0; i < {IW}; i++) drow[i] = srow[i];",
+            "}"]
+
+
+def _block_count(mg: int, cb: int) -> str:
+    """C expression: the channels of block ``blk`` that exist; a literal when every block is full, so
+    the compiler unrolls the loops that write a tile out."""
+    return str(cb) if mg % cb == 0 else f"{mg} - blk * {cb} < {cb} ? {mg} - blk * {cb} : {cb}"
+
+
+def _needs_pad(g: Geometry) -> bool:
+    return any(g.pb) or any(g.pe)
+
+
+# Vector primitives per ISA (the GEMM template's choice of intrinsics); lanes, accumulator budget.
+_VEC = {
+    "avx2": dict(lanes=8, budget=12, vt="__m256", include="#include <immintrin.h>",
+                 target='__attribute__((target("avx2,fma"))) ',
+                 load="_mm256_loadu_ps({p})", bcast="_mm256_broadcast_ss({p})",
+                 fma="_mm256_fmadd_ps({x}, {y}, {a})", store="_mm256_storeu_ps({p}, {v})"),
+    "avx512": dict(lanes=16, budget=24, vt="__m512", include="#include <immintrin.h>",
+                   target='__attribute__((target("avx512f"))) ',
+                   load="_mm512_loadu_ps({p})", bcast="_mm512_set1_ps(*({p}))",
+                   fma="_mm512_fmadd_ps({x}, {y}, {a})", store="_mm512_storeu_ps({p}, {v})"),
+    "neon": dict(lanes=4, budget=24, vt="float32x4_t", include="#include <arm_neon.h>", target="",
+                 load="vld1q_f32({p})", bcast="vld1q_dup_f32({p})",
+                 fma="vfmaq_f32({a}, {x}, {y})", store="vst1q_f32({p}, {v})"),
+    "generic": dict(lanes=4, budget=8, vt="aotc_conv_v4f", target="",
+                    include=("#ifndef AOTC_CONV_V4F\n#define AOTC_CONV_V4F\n"
+                             "typedef float aotc_conv_v4f __attribute__((vector_size(16)));\n#endif"),
+                    load="({{ aotc_conv_v4f t_; memcpy(&t_, {p}, 16); t_; }})",
+                    bcast="((aotc_conv_v4f){{0, 0, 0, 0}} + *({p}))",
+                    fma="({a} + {x} * {y})", store="memcpy({p}, &({v}), 16)"),
+}
+
+
+@dataclass(frozen=True)
+class TilePlan:
+    cb: int      # output channels per block (nv vectors)
+    nv: int
+    r: int       # output positions per register tile
+    lanes: int
+
+
+def tile_plan(g: Geometry, isa: str) -> TilePlan:
+    vec = _VEC.get(isa, _VEC["generic"])
+    lanes = vec["lanes"]
+    mg = g.m // g.group
+    nv = 1 if mg <= lanes else 2
+    rmax = min(vec["budget"] // nv, 8, g.out_size)
+    # The last tile overlaps the one before: take the tile height that computes the fewest positions,
+    # counting half a position of overhead per tile (7x7 = 49 positions: 10 tiles of 5, not 9 of 6).
+    r = min(range(max(1, rmax - 2), rmax + 1), key=lambda r: (-(-g.out_size // r) * (2 * r + 1), -r))
+    return TilePlan(nv * lanes, nv, r, lanes)
+
+
+def pack_conv_weights(w: np.ndarray, b: np.ndarray | None, g: Geometry, plan: TilePlan) -> np.ndarray:
+    """[group][block][ci][tap][CB] weights, then [group][block][CB] bias; channels past Mg are zero."""
+    cg, mg = g.c // g.group, g.m // g.group
+    nb = -(-mg // plan.cb)
+    wr = np.zeros((g.group, nb * plan.cb, cg, g.taps), np.float32)
+    wr[:, :mg] = w.reshape(g.group, mg, cg, g.taps)
+    packed = wr.reshape(g.group, nb, plan.cb, cg, g.taps).transpose(0, 1, 3, 4, 2)
+    bias = np.zeros((g.group, nb * plan.cb), np.float32)
+    if b is not None:
+        bias[:, :mg] = b.reshape(g.group, mg)
+    return np.concatenate([packed.reshape(-1), bias.reshape(-1)])
+
+
+def conv_scratch_floats(g: Geometry, path: str, isa: str) -> int:
+    """Scratch floats per task: the zero-padded input planes of the tiled path, the input panels of
+    the 1x1 path."""
+    if path == "rows":
+        plan = rows_plan(g, isa)
+        assert plan is not None
+        pv = plan[1] * plan[2]
+        if not _rows_pack(g, plan):
+            return 0
+        return _rows_chunk(g, g.c // g.group, pv) * (g.c // g.group)
+    if path == "depthwise":
+        return _phase_scratch(g) if _use_phase(g) else 0
+    if path != "tiled" or not _needs_pad(g):
+        return 0
+    return (math.prod(_padded_dims(g)) + 15) // 16 * 16 * (g.c // g.group)
+
+
+def _tiled_conv(g: Geometry, x: str, packed: str, y: str, isa: str, epi: Epilogue | None,
+                fn: str) -> tuple[str, str]:
+    """(helpers, body) of the register-tiled float32 conv; see the module docstring."""
+    vec = _VEC.get(isa, _VEC["generic"])
+    plan = tile_plan(g, isa)
+    cg, mg = g.c // g.group, g.m // g.group
+    nb = -(-mg // plan.cb)
+    cb, nv, R, L = plan.cb, plan.nv, plan.r, plan.lanes
+    PD, PH, PW = _padded_dims(g) if _needs_pad(g) else g.inp
+    ps = PD * PH * PW
+    taps = [(kd * g.d[0] * PH + kh * g.d[1]) * PW + kw * g.d[2]
+            for kd in range(g.k[0]) for kh in range(g.k[1]) for kw in range(g.k[2])]
+    OS, OH, OW = g.out_size, g.out[1], g.out[2]
+    bias_off = g.group * nb * cg * g.taps * cb
+
+    def V(fmt: str, **kw: str) -> str:
+        return vec[fmt].format(**kw)
+
+    # Micro-kernel: R positions (window starts xo[r]) x CB channels, summed over ci and taps.
+    mk = [f"{vec['target']}static inline void {fn}(const float *restrict xp, const size_t *xo, "
+          f"const float *restrict wp, const float *restrict bias, float *restrict tile) {{"]
+    mk += [f"  {vec['vt']} a{r}_{j} = {V('load', p=f'bias + {j * L}')};" for r in range(R) for j in range(nv)]
+    mk += [f"  const float *restrict x{r} = xp + xo[{r}];" for r in range(R)]
+    # Up to 16 taps are unrolled (constant address offsets); larger kernels loop over kernel rows
+    # with the taps of a row unrolled: a fully unrolled 7x7 body overflows the decoded-op cache.
+    kw = g.k[2]
+    if len(taps) <= 16:
+        mk += [f"  for (size_t ci = 0; ci < {cg}; ci++) {{",
+               f"    const float *restrict wc = wp + ci * {len(taps) * cb};",
+               f"    const size_t o = ci * {ps};"]
+        steps = [(f"wc + {t * cb}", f"o + {off}") for t, off in enumerate(taps)]
+    else:
+        rows = taps[::kw]
+        mk += [f"  static const size_t rows[{len(rows)}] = {{{', '.join(map(str, rows))}}};",
+               f"  for (size_t ci = 0; ci < {cg}; ci++) {{",
+               f"    for (size_t tr = 0; tr < {len(rows)}; tr++) {{",
+               f"      const float *restrict wc = wp + (ci * {len(rows)} + tr) * {kw * cb};",
+               f"      const size_t o = ci * {ps} + rows[tr];"]
+        steps = [(f"wc + {t * cb}", f"o + {t * g.d[2]}") for t in range(kw)]
+    for wv, xo in steps:
+        mk.append("    {")
+        mk += [f"      const {vec['vt']} w{j} = {V('load', p=f'{wv} + {j * L}')};" for j in range(nv)]
+        for r in range(R):
+            mk.append(f"      {{ const {vec['vt']} xb = {V('bcast', p=f'x{r} + {xo}')};")
+            mk += [f"        a{r}_{j} = {V('fma', x='xb', y=f'w{j}', a=f'a{r}_{j}')};" for j in range(nv)]
+            mk.append("      }")
+        mk.append("    }")
+    if len(taps) > 16:
+        mk.append("    }")
+    mk.append("  }")
+    mk += [f"  {V('store', p=f'tile + {(r * nv + j) * L}', v=f'a{r}_{j}')};" for r in range(R) for j in range(nv)]
+    mk.append("}")
+    helpers = vec["include"] + "\n" + "\n".join(mk) + "\n"
+
+    pad = _needs_pad(g)
+    per_task = conv_scratch_floats(g, "tiled", isa)
+    # Work units are (batch, group, spatial chunk, channel block), block fastest: a task sweeps every
+    # channel block over one chunk of output positions while that chunk's input stays in L2.
+    chunk = max(R, min(OS, 32768 // max(1, cg * g.s[1] * g.s[2])) // R * R)
+    nch = -(-OS // chunk)
+    units = g.n * g.group * nch * nb
+    body = [f"const size_t blk = t % {nb}, ch = t / {nb} % {nch}, grp = t / {nb * nch} % {g.group}, "
+            f"n = t / {nb * nch * g.group};",
+            f"const float *xg = {x} + (n * {g.c} + grp * {cg}) * {g.in_size};"]
+    if pad:  # re-pad only when the (batch, group) changes
+        body += [f"if (t == t0 || t % {nb * nch} == 0) {{", *("  " + ln for ln in _pad_copy(g, "xg", "xpad", cg)),
+                 "}", "const float *xp = xpad;"]
+    else:
+        body.append("const float *xp = xg;")
+    body += [f"const float *wp = {packed} + (grp * {nb} + blk) * {cg * g.taps * cb};",
+             f"const float *bias = {packed} + {bias_off} + (grp * {nb} + blk) * {cb};",
+             f"const size_t c0 = grp * {mg} + blk * {cb}, cn = {_block_count(mg, cb)};",
+             f"float tile[{R * cb}] __attribute__((aligned(64)));",
+             f"size_t xo[{R}];",
+             f"const size_t send = ch * {chunk} + {chunk} < {OS} ? ch * {chunk} + {chunk} : {OS};",
+             f"for (size_t s0 = ch * {chunk}; s0 < send; s0 += {R}) {{",
+             f"  const size_t sb = s0 + {R} <= {OS} ? s0 : {OS - R};  /* the last tile overlaps */",
+             f"  for (size_t r = 0; r < {R}; r++) {{",
+             "    const size_t s = sb + r;",
+             f"    xo[r] = ((s / {OH * OW}) * {g.s[0]} * {PH} + (s / {OW} % {OH}) * {g.s[1]}) * {PW} "
+             f"+ (s % {OW}) * {g.s[2]};",
+             "  }",
+             f"  {fn}(xp, xo, wp, bias, tile);",
+             f"  for (size_t r = 0; r < {R}; r++) {{",
+             "    const size_t s = sb + r;",
+             "    for (size_t j = 0; j < cn; j++) {",
+             f"      const size_t c = c0 + j; float v = tile[r * {cb} + j];",
+             *_epi_block(epi, g, "s", "      "),
+             f"      {y}[(n * {g.m} + c) * {OS} + s] = v;",
+             "    }", "  }", "}"]
+    head = ""
+    if pad:
+        head = (f"float *restrict xpad = scratch + task * (size_t){per_task};\n"
+                f"const size_t t0 = (size_t){units} * task / ntasks;\n")
+    return helpers, head + _task_loop(units, "\n".join("  " + ln for ln in body))
+
+
+def rows_plan(g: Geometry, isa: str) -> tuple[int, int, int] | None:
+    """(MB, NV, lanes) of the 1x1 path -- MB output channels x NV vectors of positions per register
+    tile -- or None when the conv is not a stride-1 unpadded 1x1 conv with enough positions."""
+    vec = _VEC.get(isa, _VEC["generic"])
+    lanes, os_ = vec["lanes"], g.out_size
+    if g.taps != 1 or any(v != 1 for v in g.s) or _needs_pad(g) or os_ < lanes:
+        return None
+    # Tile shape (MB channels x NV vectors of positions): the least work -- padded channels times
+    # padded positions (the last tile overlaps) -- per unit of throughput, which drops when the tile
+    # has too few accumulators to hide the FMA latency or too many loads per FMA.
+    mg, budget = g.m // g.group, vec["budget"]
+
+    def cost(t: tuple[int, int]) -> float:
+        mb, nv = t
+        work = -(-mg // mb) * (mb + 0.5) * -(-os_ // (nv * lanes)) * nv * lanes
+        return work / min(1.0, mb * nv / budget) * (1 + 0.25 * (mb + nv) / (mb * nv))
+    tiles = [(mb, nv) for nv in (1, 2, 3) for mb in range(1, budget // nv + 1) if nv * lanes <= os_]
+    mb, nv = min(tiles, key=cost)
+    return mb, nv, lanes
+
+
+def pack_rows_weights(w: np.ndarray, b: np.ndarray | None, g: Geometry, mb: int) -> np.ndarray:
+    """[group][block][ci][MB] weights, then [group][block][MB] bias (channels past Mg are zero)."""
+    cg, mg = g.c // g.group, g.m // g.group
+    nb = -(-mg // mb)
+    wr = np.zeros((g.group, nb * mb, cg), np.float32)
+    wr[:, :mg] = w.reshape(g.group, mg, cg)
+    bias = np.zeros((g.group, nb * mb), np.float32)
+    if b is not None:
+        bias[:, :mg] = b.reshape(g.group, mg)
+    packed = wr.reshape(g.group, nb, mb, cg).transpose(0, 1, 3, 2)
+    return np.concatenate([packed.reshape(-1), bias.reshape(-1)])
+
+
+def _rows_conv(g: Geometry, x: str, packed: str, y: str, isa: str, epi: Epilogue | None,
+               fn: str) -> tuple[str, str]:
+    """1x1 stride-1 conv as Y[co, s] = W[co, ci] X[ci, s]: a register tile of MB channels (weights
+    broadcast) x NV vectors of consecutive positions, stored to a local tile and copied into the
+    output rows through the epilogue (measured faster than storing to the rows and re-reading)."""
+    vec = _VEC.get(isa, _VEC["generic"])
+    plan = rows_plan(g, isa)
+    assert plan is not None
+    mb, nv, L = plan
+    pv = nv * L
+    cg, mg = g.c // g.group, g.m // g.group
+    nb = -(-mg // mb)
+    OS = g.out_size
+    vt = vec["vt"]
+    pack = _rows_pack(g, plan)
+    xstride = pv if pack else g.in_size
+
+    def V(fmt: str, **kw: str) -> str:
+        return vec[fmt].format(**kw)
+
+    mk = [f"{vec['target']}static inline void {fn}(const float *restrict xs, const float *restrict wp, "
+          "const float *restrict bias, float *restrict yt) {"]
+    mk += [f"  {vt} a{i}_{j} = {V('bcast', p=f'bias + {i}')};" for i in range(mb) for j in range(nv)]
+    mk += [f"  for (size_t ci = 0; ci < {cg}; ci++) {{",
+           f"    const float *restrict xr = xs + ci * {xstride};",
+           f"    const float *restrict wr = wp + ci * {mb};"]
+    mk += [f"    const {vt} x{j} = {V('load', p=f'xr + {j * L}')};" for j in range(nv)]
+    for i in range(mb):
+        mk.append(f"    {{ const {vt} wb = {V('bcast', p=f'wr + {i}')};")
+        mk += [f"      a{i}_{j} = {V('fma', x='wb', y=f'x{j}', a=f'a{i}_{j}')};" for j in range(nv)]
+        mk.append("    }")
+    mk.append("  }")
+    mk += [f"  {V('store', p=f'yt + {i * pv + j * L}', v=f'a{i}_{j}')};" for i in range(mb) for j in range(nv)]
+    mk.append("}")
+    helpers = vec["include"] + "\n" + "\n".join(mk) + "\n"
+
+    chunk = _rows_chunk(g, cg, pv)
+    nch = -(-OS // chunk)
+    units = g.n * g.group * nch * nb
+    wsize = g.group * nb * cg * mb
+    # Work units as in the tiled path; with packing, the chunk's input is first copied into per-tile
+    # panels [tile][ci][positions], so the micro-kernel streams it sequentially (GEMM's packed B).
+    body = [f"const size_t blk = t % {nb}, ch = t / {nb} % {nch}, grp = t / {nb * nch} % {g.group}, "
+            f"n = t / {nb * nch * g.group};",
+            f"const float *xg = {x} + (n * {g.c} + grp * {cg}) * {g.in_size};",
+            f"const size_t send = ch * {chunk} + {chunk} < {OS} ? ch * {chunk} + {chunk} : {OS};"]
+    if pack:
+        body += ["if (t == t0 || blk == 0) {",
+                 f"  for (size_t s0 = ch * {chunk}, k = 0; s0 < send; s0 += {pv}, k++) {{",
+                 f"    const size_t sb = s0 + {pv} <= {OS} ? s0 : {OS - pv};",
+                 f"    for (size_t ci = 0; ci < {cg}; ci++)",
+                 f"      for (size_t j = 0; j < {pv}; j++)",
+                 f"        panel[(k * {cg} + ci) * {pv} + j] = xg[ci * {g.in_size} + sb + j];",
+                 "  }",
+                 "}"]
+    body += [f"const float *wp = {packed} + (grp * {nb} + blk) * {cg * mb};",
+             f"const float *bias = {packed} + {wsize} + (grp * {nb} + blk) * {mb};",
+             f"const size_t c0 = grp * {mg} + blk * {mb}, cn = {_block_count(mg, mb)};",
+             f"for (size_t s0 = ch * {chunk}, k = 0; s0 < send; s0 += {pv}, k++) {{",
+             f"  const size_t sb = s0 + {pv} <= {OS} ? s0 : {OS - pv};  /* the last tile overlaps */",
+             f"  float tile[{mb * pv}] __attribute__((aligned(64)));",
+             f"  {fn}({f'panel + k * {cg * pv}' if pack else 'xg + sb'}, wp, bias, tile);",
+             "  for (size_t i = 0; i < cn; i++) {",
+             "    const size_t c = c0 + i;",
+             f"    float *restrict yr = {y} + (n * {g.m} + c) * {OS} + sb;",
+             f"    for (size_t j = 0; j < {pv}; j++) {{",
+             *(["      const size_t s = sb + j; (void)s;"] if epi else []),
+             f"      float v = tile[i * {pv} + j];",
+             *_epi_block(epi, g, "s", "      "),
+             "      yr[j] = v;",
+             "    }", "  }"]
+    body.append("}")
+    head = ""
+    if pack:
+        head = (f"float *restrict panel = scratch + task * (size_t){chunk * cg};\n"
+                f"const size_t t0 = (size_t){units} * task / ntasks;\n")
+    return helpers, head + _task_loop(units, "\n".join("  " + ln for ln in body))
+
+
+def _rows_pack(g: Geometry, plan: tuple[int, int, int]) -> bool:
+    """Whether the 1x1 path packs its input into panels: that pays off once several channel blocks
+    reuse them and there are enough input channels for strided reads to strain the prefetchers."""
+    return -(-(g.m // g.group) // plan[0]) >= 3 and g.c // g.group >= 32
+
+
+def _rows_chunk(g: Geometry, cg: int, pv: int) -> int:
+    """Output positions per chunk: a multiple of the tile width whose input (cg rows) fits in L2."""
+    return max(pv, min(-(-g.out_size // pv) * pv, 32768 // max(1, cg) // pv * pv))
+
+
+def _phase_dims(g: Geometry) -> tuple[int, int, int, int, int]:
+    """(sH, sW, PH2, PW2, nq) of the phase path: stride phases, phase plane dims, virtual positions."""
+    PH, PW = g.inp[1] + g.pb[1] + g.pe[1], g.inp[2] + g.pb[2] + g.pe[2]
+    sh, sw = g.s[1], g.s[2]
+    ph2, pw2 = -(-PH // sh), -(-PW // sw)
+    return sh, sw, ph2, pw2, (g.out[1] - 1) * pw2 + g.out[2]
+
+
+def _use_phase(g: Geometry) -> bool:
+    """1-D/2-D depthwise convs that are strided or have small planes (mostly border) take the phase
+    path; large stride-1 planes are faster read in place, row by row (measured at 112x112)."""
+    return g.inp[0] == 1 and g.k[0] == 1 and (max(g.s[1:]) > 1 or math.prod(_padded_dims(g)) <= 4096)
+
+
+def _phase_scratch(g: Geometry) -> int:
+    sh, sw, ph2, pw2, nq = _phase_dims(g)
+    return (sh * sw * ph2 * pw2 + 15) // 16 * 16 + (nq + 15) // 16 * 16
+
+
+def _depthwise_phase(g: Geometry, x: str, w: str, b: str | None, y: str, isa: str,
+                     epi: Epilogue | None) -> str:
+    """Depthwise conv (1-D/2-D) via a zero-padded copy split into stride phases: padded element
+    (i, j) goes to phase (i % sH, j % sW) at (i / sH, j / sW). Output (oh, ow) then reads tap (kh, kw)
+    from one phase at (oh + kh*dh / sH, ow + kw*dw / sW): with "virtual" positions q = oh * PW2 + ow,
+    one flat loop over q has contiguous loads for every tap, whatever the stride, and is long enough to
+    vectorize even for 7x7 maps; columns ow >= OW are computed and dropped."""
+    mg = g.m // g.group
+    _, IH, IW = g.inp
+    _, OH, OW = g.out
+    sh, sw, ph2, pw2, nq = _phase_dims(g)
+    pp = ph2 * pw2
+    pbh, pbw = g.pb[1], g.pb[2]
+    fma = isa in ("avx2", "avx512", "neon")
+    # The padding is zeroed on a task's first unit only: later copies overwrite the same interior.
+    copy = [f"if (t == t0) for (size_t i = 0; i < {sh * sw * pp}; i++) ph[i] = 0;",
+            f"for (size_t ih = 0; ih < {IH}; ih++) {{",
+            f"  const size_t i = ih + {pbh};",
+            f"  const float *restrict sr = xs + ih * {IW};",
+            f"  float *restrict dr = ph + (i % {sh}) * {sw * pp} + (i / {sh}) * {pw2};"]
+    # Phase column pj holds padded columns j = pj + sW * m (input column j - pbw): one loop over the
+    # m that every phase has deinterleaves the row in a single pass; the few others go one by one.
+    rng_ = [(max(0, -(-(pbw - pj) // sw)), min(pw2, (IW - 1 + pbw - pj) // sw + 1)) for pj in range(sw)]
+    lo, hi = max(r[0] for r in rng_), min(r[1] for r in rng_)
+    if hi > lo:
+        copy.append(f"  for (size_t m = {lo}; m < {hi}; m++) {{ "
+                    + " ".join(f"dr[{pj * pp} + m] = sr[m * {sw} + {pj - pbw}];" for pj in range(sw)) + " }")
+    for pj, (a, b_) in enumerate(rng_):
+        extra = [m for m in range(a, b_) if not lo <= m < hi]
+        copy += [f"  dr[{pj * pp + m}] = sr[{m * sw + pj - pbw}];" for m in extra]
+    copy.append("}")
+    lines = [f"const size_t n = t / {g.m}, c = t % {g.m}, grp = c / {mg};",
+             f"const float *xs = {x} + (n * {g.c} + grp) * {g.in_size};",
+             f"if (t == t0 || c % {mg} == 0) {{", *("  " + ln for ln in copy), "}",
+             f"const float *wc = {w} + c * {g.taps};",
+             *[f"const float w{i} = wc[{i}];" for i in range(g.taps)],
+             f"for (size_t q = 0; q < {nq}; q++) {{",
+             f"  float v = {f'{b}[c]' if b else '0.0f'};"]
+    i = 0
+    for kh in range(g.k[1]):
+        for kw in range(g.k[2]):
+            hh, ww = kh * g.d[1], kw * g.d[2]
+            off = ((hh % sh) * sw + ww % sw) * pp + (hh // sh) * pw2 + ww // sw
+            xv = f"ph[q + {off}]"
+            lines.append(f"  v = fmaf(w{i}, {xv}, v);" if fma else f"  v += w{i} * {xv};")
+            i += 1
+    # An epilogue that reads no memory (Relu, Clip) runs in the vectorized loop; the valid columns
+    # are then plain row copies. One that reads tensors runs per real output position.
+    pure = not any("[" in e for e in epi or [])
+    lines += [*("  " + e for e in (epi or []) if pure), "  vo[q] = v;", "}",
+              f"float *restrict yo = {y} + t * {g.out_size};"]
+    if pure:
+        lines.append(f"for (size_t oh = 0; oh < {OH}; oh++) "
+                     f"memcpy(yo + oh * {OW}, vo + oh * {pw2}, {OW} * sizeof(float));")
+    else:
+        lines += [f"for (size_t oh = 0; oh < {OH}; oh++)",
+                  f"for (size_t ow = 0; ow < {OW}; ow++) {{",
+                  f"  const size_t od = 0, s = oh * {OW} + ow; float v = vo[oh * {pw2} + ow]; (void)od;",
+                  *("  " + e for e in (epi or [])),
+                  "  yo[s] = v;", "}"]
+    head = (f"float *restrict ph = scratch + task * (size_t){_phase_scratch(g)};\n"
+            f"float *restrict vo = ph + {(sh * sw * pp + 15) // 16 * 16};\n"
+            f"const size_t t0 = (size_t){g.n * g.m} * task / ntasks;\n")
+    return head + _task_loop(g.n * g.m, "\n".join("  " + ln for ln in lines))
+
+
+def _depthwise_conv(g: Geometry, x: str, w: str, b: str | None, y: str, isa: str,
+                    epi: Epilogue | None, fn: str) -> tuple[str, str]:
+    """One input channel per group, (n, c) planes as work units. Rows whose window lies inside the
+    input vertically run a width loop over the interior columns with the taps unrolled (vectorized
+    over the width, accumulator in a register); border positions use a bounds-checked helper."""
+    mg = g.m // g.group
+    if _use_phase(g):
+        return "", _depthwise_phase(g, x, w, b, y, isa, epi)
+    src = [f"const float *xc = {x} + (n * {g.c} + grp) * {g.in_size};"]
+    ID, IH, IW = g.inp
+    OD, OH, OW = g.out
+    fma = isa in ("avx2", "avx512", "neon")  # fmaf is a slow libm call without hardware FMA
+
+    def acc(wv: str, xv: str) -> str:
+        return f"v = fmaf({wv}, {xv}, v);" if fma else f"v += {wv} * {xv};"
+
+    # Interior columns: every tap inside the input.
+    owa = min(OW, -(-g.pb[2] // g.s[2]))
+    owb = max(owa, min(OW, (IW - 1 - (g.k[2] - 1) * g.d[2] + g.pb[2]) // g.s[2] + 1))
+    edge = [f"static inline float {fn}_edge(const float *restrict xc, const float *restrict wc, float v, "
+            "ptrdiff_t d0, ptrdiff_t h0, ptrdiff_t w0) {",
+            f"  for (ptrdiff_t kd = 0; kd < {g.k[0]}; kd++) {{",
+            f"    const ptrdiff_t id = d0 + kd * {g.d[0]}; if (id < 0 || id >= {ID}) continue;",
+            f"    for (ptrdiff_t kh = 0; kh < {g.k[1]}; kh++) {{",
+            f"      const ptrdiff_t ih = h0 + kh * {g.d[1]}; if (ih < 0 || ih >= {IH}) continue;",
+            f"      for (ptrdiff_t kw = 0; kw < {g.k[2]}; kw++) {{",
+            f"        const ptrdiff_t iw = w0 + kw * {g.d[2]}; if (iw < 0 || iw >= {IW}) continue;",
+            f"        {acc(f'wc[(kd * {g.k[1]} + kh) * {g.k[2]} + kw]', f'xc[(id * {IH} + ih) * {IW} + iw]')}",
+            "      }", "    }", "  }", "  return v;", "}"]
+    bias = f"{b}[c]" if b else "0.0f"
+    lines = [f"const size_t n = t / {g.m}, c = t % {g.m}, grp = c / {mg};",
+             *src,
+             f"const float *wc = {w} + c * {g.taps};",
+             *[f"const float w{i} = wc[{i}];" for i in range(g.taps)],
+             f"float *yo = {y} + t * {g.out_size};",
+             f"for (size_t od = 0; od < {OD}; od++)",
+             f"for (size_t oh = 0; oh < {OH}; oh++) {{",
+             f"  const ptrdiff_t d0 = (ptrdiff_t)od * {g.s[0]} - {g.pb[0]}, h0 = (ptrdiff_t)oh * {g.s[1]} - {g.pb[1]};",
+             f"  float *restrict yr = yo + (od * {OH} + oh) * {OW};",
+             f"  const int full = d0 >= 0 && d0 + {(g.k[0] - 1) * g.d[0]} < {ID} && h0 >= 0 "
+             f"&& h0 + {(g.k[1] - 1) * g.d[1]} < {IH};",
+             f"  const size_t wa = full ? {owa} : {OW}, wb = full ? {owb} : {OW};",
+             "  for (size_t ow = 0; ow < " + str(OW) + "; ow++) {",
+             "    if (ow == wa) ow = wb;",
+             f"    if (ow >= {OW}) break;",
+             f"    float v = {fn}_edge(xc, wc, {bias}, d0, h0, (ptrdiff_t)ow * {g.s[2]} - {g.pb[2]});",
+             *(["    const size_t s = (od * " + str(OH) + " + oh) * " + str(OW) + " + ow; (void)s;"] if epi else []),
+             *["    " + e for e in (epi or [])],
+             "    yr[ow] = v;",
+             "  }",
+             "  if (!full) continue;",
+             "  const float *restrict xr = xc + ((size_t)d0 * " + str(IH) + " + (size_t)h0) * " + str(IW) + ";",
+             f"  for (size_t ow = {owa}; ow < {owb}; ow++) {{",
+             f"    float v = {bias};"]
+    i = 0
+    for kd in range(g.k[0]):
+        for kh in range(g.k[1]):
+            for kw in range(g.k[2]):
+                off = (kd * g.d[0] * IH + kh * g.d[1]) * IW + kw * g.d[2] - g.pb[2]
+                lines.append("    " + acc(f"w{i}", f"xr[ow * {g.s[2]} + ({off})]"))
+                i += 1
+    if epi:
+        lines += [f"    const size_t s = (od * {OH} + oh) * {OW} + ow; (void)s;", *("    " + e for e in epi)]
+    lines += ["    yr[ow] = v;", "  }", "}"]
+    return "\n".join(edge) + "\n", _task_loop(g.n * g.m, "\n".join("  " + ln for ln in lines))
+
+
+def conv_path(node: Node, isa: str) -> str:
+    """Which code path ``conv_kernel`` takes: "rows", "tiled", "depthwise" or "generic"."""
+    x, w = node.inputs[0], node.inputs[1]
+    if x.dtype != np.float32:
+        return "generic"
+    g = geometry(node)
+    if g.c // g.group == 1:
+        return "depthwise"
+    b = node.inputs[2] if len(node.inputs) > 2 else None
+    if not w.is_const or (b is not None and not b.is_const):
+        return "generic"
+    return "rows" if rows_plan(g, isa) is not None else "tiled"
+
+
+def conv_kernel(node: Node, x: str, w: str, b: str | None, y: str, isa: str, fn: str,
+                epi: Epilogue | None = None, packed: str | None = None) -> tuple[str, str]:
+    """(helpers, body) of a Conv kernel; helpers are named after ``fn``. ``packed`` names
+    ``pack_conv_weights``'s output (tiled path)."""
+    g = geometry(node)
+    path = conv_path(node, isa)
+    if path == "rows":
+        assert packed is not None
+        return _rows_conv(g, x, packed, y, isa, epi, f"{fn}_rows")
+    if path == "tiled":
+        assert packed is not None
+        return _tiled_conv(g, x, packed, y, isa, epi, f"{fn}_tile")
+    if path == "depthwise":
+        return _depthwise_conv(g, x, w, b, y, isa, epi, fn)
+    from aotc.ir import dtypes
+    return "", _generic_conv(g, x, w, b, y, dtypes.c_type(node.outputs[0].dtype), epi)
+
+
+def _conv_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
+    """Plain (generic-path) emission, used when the fusion pass does not make a conv kernel."""
+    g = geometry(node)
+    return _generic_conv(g, ins[0], ins[1], ins[2] if len(ins) > 2 else None, outs[0], ctype, None)
+
+
+def _conv_transpose_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
+    """Scatter form: every input element adds ``x * w`` to the outputs its taps reach."""
+    g = geometry(node)
+    cg, mg = g.c // g.group, g.m // g.group
+    x, w, y = ins[0], ins[1], outs[0]
+    b = ins[2] if len(ins) > 2 else None
+    OD, OH, OW = g.out
+    lines = [f"const size_t n = t / {g.m}, c = t % {g.m}, grp = c / {mg}, cl = c % {mg};",
+             f"{ctype} *yo = {y} + t * {g.out_size};",
+             f"for (size_t s = 0; s < {g.out_size}; s++) yo[s] = {f'{b}[c]' if b else '0'};",
+             f"for (size_t ci = 0; ci < {cg}; ci++) {{",
+             f"  const size_t cin = grp * {cg} + ci;",
+             f"  const {ctype} *xc = {x} + (n * {g.c} + cin) * {g.in_size};",
+             f"  const {ctype} *wc = {w} + (cin * {mg} + cl) * {g.taps};",
+             f"  for (ptrdiff_t kd = 0; kd < {g.k[0]}; kd++)",
+             f"  for (ptrdiff_t kh = 0; kh < {g.k[1]}; kh++)",
+             f"  for (ptrdiff_t kw = 0; kw < {g.k[2]}; kw++) {{",
+             f"    const {ctype} wv = wc[(kd * {g.k[1]} + kh) * {g.k[2]} + kw];",
+             f"    for (ptrdiff_t id = 0; id < {g.inp[0]}; id++) {{",
+             f"      const ptrdiff_t od = id * {g.s[0]} - {g.pb[0]} + kd * {g.d[0]};",
+             f"      if (od < 0 || od >= {OD}) continue;",
+             f"      for (ptrdiff_t ih = 0; ih < {g.inp[1]}; ih++) {{",
+             f"        const ptrdiff_t oh = ih * {g.s[1]} - {g.pb[1]} + kh * {g.d[1]};",
+             f"        if (oh < 0 || oh >= {OH}) continue;",
+             f"        for (ptrdiff_t iw = 0; iw < {g.inp[2]}; iw++) {{",
+             f"          const ptrdiff_t ow = iw * {g.s[2]} - {g.pb[2]} + kw * {g.d[2]};",
+             f"          if (ow >= 0 && ow < {OW}) yo[(od * {OH} + oh) * {OW} + ow] += wv * "
+             f"xc[(id * {g.inp[1]} + ih) * {g.inp[2]} + iw];",
+             "        }", "      }", "    }", "  }", "}"]
+    return _task_loop(g.n * g.m, "\n".join("  " + ln for ln in lines))
+
+
+def _pool_separable(node: Node, g: Geometry, x: str, y: str, ctype: str) -> str:
+    """MaxPool/AveragePool as two vectorizable passes per output row: the window's valid input rows
+    are reduced into a row buffer whose padding holds the identity (-inf or 0), then each output
+    reduces its taps along that buffer -- no bounds checks in either loop. Average divisors are the
+    products of per-row and per-column tap counts (inside the input, or the padded input with
+    count_include_pad, as onnxruntime counts them)."""
+    is_max = node.op == "MaxPool"
+    include_pad = bool(node.attr("count_include_pad", 0))
+    ID, IH, IW = g.inp
+    OD, OH, OW = g.out
+    pb = g.pb[2]
+    blen = max(pb + IW, (OW - 1) * g.s[2] + (g.k[2] - 1) * g.d[2] + 1)
+    ident = lowest(ctype) if is_max else "0"
+
+    def red(a: str, b: str) -> str:  # the max form compilers turn into vmaxps (NaN order aside)
+        return f"{a} = {b} > {a} ? {b} : {a};" if is_max else f"{a} += {b};"
+
+    lines = [f"const {ctype} *xc = {x} + t * {g.in_size};",
+             f"{ctype} vb[{blen}];",
+             f"for (size_t i = 0; i < {pb}; i++) vb[i] = {ident};",
+             f"for (size_t i = {pb + IW}; i < {blen}; i++) vb[i] = {ident};",
+             f"for (size_t od = 0; od < {OD}; od++)",
+             f"for (size_t oh = 0; oh < {OH}; oh++) {{",
+             f"  const ptrdiff_t d0 = (ptrdiff_t)od * {g.s[0]} - {g.pb[0]}, h0 = (ptrdiff_t)oh * {g.s[1]} - {g.pb[1]};",
+             f"  const {ctype} *rows[{g.k[0] * g.k[1]}];",
+             "  size_t nr = 0, nrp = 0;",
+             f"  for (ptrdiff_t kd = 0; kd < {g.k[0]}; kd++)",
+             f"    for (ptrdiff_t kh = 0; kh < {g.k[1]}; kh++) {{",
+             f"      const ptrdiff_t id = d0 + kd * {g.d[0]}, ih = h0 + kh * {g.d[1]};",
+             f"      nrp += id < {ID + g.pe[0]} && ih < {IH + g.pe[1]};",
+             f"      if (id >= 0 && id < {ID} && ih >= 0 && ih < {IH}) rows[nr++] = xc + (id * {IH} + ih) * {IW};",
+             "    }",
+             f"  {ctype} *restrict yr = {y} + t * {g.out_size} + (od * {OH} + oh) * {OW};",
+             f"  if (nr == 0) {{ for (size_t ow = 0; ow < {OW}; ow++) yr[ow] = "
+             f"{ident if is_max else '(' + ctype + ')NAN'}; continue; }}",
+             "  { const " + ctype + " *restrict r0 = rows[0];",
+             f"    for (size_t i = 0; i < {IW}; i++) vb[{pb} + i] = r0[i]; }}",
+             "  for (size_t r = 1; r < nr; r++) {",
+             f"    const {ctype} *restrict rr = rows[r];",
+             f"    for (size_t i = 0; i < {IW}; i++) {{ const {ctype} xv = rr[i]; {red(f'vb[{pb} + i]', 'xv')} }}",
+             "  }"]
+    if not is_max:  # per-column tap counts, as a table of compile-time constants
+        cols = []
+        for ow in range(OW):
+            start = ow * g.s[2] - pb
+            lim = IW + g.pe[2] if include_pad else IW
+            cols.append(sum(1 for kw in range(g.k[2]) if 0 <= start + kw * g.d[2] < lim)
+                        if not include_pad else sum(1 for kw in range(g.k[2]) if start + kw * g.d[2] < lim))
+        lines += [f"  static const {ctype} hc[{OW}] = {{{', '.join(str(c) for c in cols)}}};",
+                  f"  const {ctype} vc = ({ctype}){'nrp' if include_pad else 'nr'};"]
+    lines += [f"  for (size_t ow = 0; ow < {OW}; ow++) {{",
+              f"    const {ctype} *restrict w = vb + ow * {g.s[2]};",
+              f"    {ctype} v = w[0];"]
+    lines += [f"    {{ const {ctype} xv = w[{kw * g.d[2]}]; {red('v', 'xv')} }}" for kw in range(1, g.k[2])]
+    if not is_max:
+        lines.append("    v = v / (vc * hc[ow]);")
+    lines += ["    yr[ow] = v;", "  }", "}"]
+    return _task_loop(g.n * g.c, "\n".join("  " + ln for ln in lines))
+
+
+def _pool_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
+    """Max/average/Lp pooling over each window, bounds-checked; one (n, c) plane per work unit."""
+    g = geometry(node)
+    op = node.op
+    x, y = ins[0], outs[0]
+    ID, IH, IW = g.inp
+    OD, OH, OW = g.out
+    is_max = op in ("MaxPool", "GlobalMaxPool")
+    p = int(node.attr("p", 2))
+    include_pad = bool(node.attr("count_include_pad", 0))
+    if op in ("MaxPool", "AveragePool") and len(outs) == 1:
+        return _pool_separable(node, g, x, y, ctype)
+    lines = [f"const {ctype} *xc = {x} + t * {g.in_size};",
+             f"for (size_t od = 0; od < {OD}; od++)",
+             f"for (size_t oh = 0; oh < {OH}; oh++) {{",
+             f"  const ptrdiff_t d0 = (ptrdiff_t)od * {g.s[0]} - {g.pb[0]}, h0 = (ptrdiff_t)oh * {g.s[1]} - {g.pb[1]};",
+             f"  {ctype} *restrict yr = {y} + t * {g.out_size} + (od * {OH} + oh) * {OW};",
+             f"  for (size_t ow = 0; ow < {OW}; ow++) {{",
+             f"  const size_t s = (od * {OH} + oh) * {OW} + ow;",
+             f"  const ptrdiff_t w0 = (ptrdiff_t)ow * {g.s[2]} - {g.pb[2]};",
+             f"  {ctype} acc = {lowest(ctype) if is_max else '0'};",
+             "  size_t cnt = 0, arg = 0; (void)arg; (void)cnt;"]
+    if op == "AveragePool" and include_pad:
+        # The window counts taps inside the padded input (onnxruntime's divisor).
+        lim = [g.inp[i] + g.pe[i] for i in range(3)]
+        lines.append("  size_t cntp = 1;")
+        for i, (v, k) in enumerate((("d0", g.k[0]), ("h0", g.k[1]), ("w0", g.k[2]))):
+            lines.append(f"  {{ size_t m = 0; for (ptrdiff_t q = 0; q < {k}; q++) "
+                         f"m += {v} + q * {g.d[i]} < {lim[i]}; cntp *= m; }}")
+    lines += [f"  for (ptrdiff_t kd = 0; kd < {g.k[0]}; kd++) {{",
+              f"    const ptrdiff_t id = d0 + kd * {g.d[0]}; if (id < 0 || id >= {ID}) continue;",
+              f"    for (ptrdiff_t kh = 0; kh < {g.k[1]}; kh++) {{",
+              f"      const ptrdiff_t ih = h0 + kh * {g.d[1]}; if (ih < 0 || ih >= {IH}) continue;",
+              f"      for (ptrdiff_t kw = 0; kw < {g.k[2]}; kw++) {{",
+              f"        const ptrdiff_t iw = w0 + kw * {g.d[2]}; if (iw < 0 || iw >= {IW}) continue;",
+              f"        const size_t i = (id * {IH} + ih) * {IW} + iw;",
+              f"        const {ctype} xv = xc[i];"]
+    if is_max:  # NaN propagates; the first maximum's index wins
+        lines.append("        if (xv > acc || (xv != xv && acc == acc)) { acc = xv; arg = i; }"
+                     if ctype in ("float", "double") else "        if (xv > acc) { acc = xv; arg = i; }")
+    elif op == "LpPool":
+        lines.append("        acc += fabs(xv) * fabs(xv);" if p == 2 else
+                     f"        acc += pow(fabs(xv), {p});")
+    else:
+        lines.append("        acc += xv; cnt++;")
+    lines += ["      }", "    }", "  }"]
+    if op in ("AveragePool", "GlobalAveragePool"):
+        div = "cntp" if op == "AveragePool" and include_pad else ("cnt" if op == "AveragePool" else
+                                                                   str(g.in_size))
+        lines.append(f"  acc = acc / ({ctype}){div};")
+    elif op == "LpPool":
+        lines.append("  acc = sqrt(acc);" if p == 2 else f"  acc = pow(acc, 1.0 / {p});")
+    lines.append("  yr[ow] = acc;")
+    if len(outs) > 1:  # Indices: flat over (n, c, spatial); storage_order 1 numbers columns first
+        if node.attr("storage_order", 0):
+            lines.append(f"  const size_t ad = arg / {IH * IW}, ah = arg / {IW} % {IH}, aw = arg % {IW};")
+            lines.append(f"  arg = (aw * {IH} + ah) * {ID} + ad;")
+        lines.append(f"  {outs[1]}[t * {g.out_size} + s] = (int64_t)(t * {g.in_size} + arg);")
+    lines.append("  }")
+    lines.append("}")
+    return _task_loop(g.n * g.c, "\n".join("  " + ln for ln in lines))
+
+
+register(OpDef("Conv", "kernel", _infer, emit=_conv_emit))
+register(OpDef("ConvTranspose", "kernel", _infer, emit=_conv_transpose_emit))
+for _op in ("MaxPool", "AveragePool", "LpPool", "GlobalAveragePool", "GlobalMaxPool"):
+    register(OpDef(_op, "kernel", _infer, emit=_pool_emit))
+
+__all__ = ["Geometry", "geometry", "conv_kernel", "conv_path", "pack_conv_weights", "pack_rows_weights",
+           "rows_plan", "tile_plan", "conv_scratch_floats"]

@@ -1,0 +1,205 @@
+"""Normalization ops as fused row kernels: LayerNormalization, InstanceNormalization, GroupNormalization.
+
+Each one normalizes contiguous "rows" of the input (LayerNorm: the trailing axes from ``axis``;
+InstanceNorm: one (n, c) plane; GroupNorm: one (n, group) block) and applies a per-element scale
+and shift. A row is read three times (mean, variance around the mean, normalize) instead of using
+E[x^2] - E[x]^2, which cancels catastrophically when |mean| >> std; the mean itself is summed
+relative to the row's first element for the same reason. The sums run in 16 independent
+lanes so the compiler vectorizes them without -ffast-math. Rows are split over ``task``/``ntasks``;
+a row is always computed whole by one task, so results do not depend on ``ntasks``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from aotc.errors import AotcError
+from aotc.ir.graph import Node, Value
+from aotc.ops.common import c_literal, norm_axis
+from aotc.ops.registry import OpDef, register
+
+LANES = 16
+
+
+def _x(node: Node) -> Value:
+    x = node.inputs[0]
+    assert x is not None and x.shape is not None
+    return x
+
+
+def _opt(node: Node, i: int) -> Value | None:
+    return node.inputs[i] if i < len(node.inputs) else None
+
+
+def _lane_sum(ctype: str, acc: str, xr: str, n: int, term: str) -> list[str]:
+    """C lines that set ``acc`` to the sum over the row of ``term`` (a C expression of ``v``)."""
+    main = n - n % LANES
+    lines = [f"{ctype} {acc};", "{",
+             f"  {ctype} s[{LANES}] = {{0}};"]
+    if main:
+        lines += [f"  for (size_t i = 0; i < {main}; i += {LANES})",
+                  f"    for (size_t l = 0; l < {LANES}; l++) {{ const {ctype} v = {xr}[i + l]; "
+                  f"s[l] += {term}; }}"]
+    if main != n:
+        lines.append(f"  for (size_t i = {main}; i < {n}; i++) {{ const {ctype} v = {xr}[i]; "
+                     f"s[0] += {term}; }}")
+    lines += [f"  for (size_t w = {LANES // 2}; w > 0; w /= 2)",
+              "    for (size_t l = 0; l < w; l++) s[l] += s[l + w];",
+              f"  {acc} = s[0];", "}"]
+    return lines
+
+
+def _row_kernel(ctype: str, rows: int, n: int, blocks: int, eps: float, x: str, y: str,
+                scale: str | None, bias: str | None, mean_out: str | None = None,
+                inv_out: str | None = None) -> str:
+    """Normalize ``rows`` rows of ``n`` contiguous elements.
+
+    The last pass runs as ``blocks`` blocks of ``n / blocks`` elements so that per-block scales
+    (GroupNorm's channels) and scales repeating along the row (LayerNorm's suffix-broadcast
+    weights) index without a division in the inner loop. ``scale``/``bias`` are C expressions in
+    ``r`` (row), ``j`` (block) and ``k`` (element in block); None means 1 / 0.
+    """
+    inner = n // blocks
+    sqrt = "sqrtf" if ctype == "float" else "sqrt"
+    body = [f"const {ctype} *restrict xr = {x} + r * {n};",
+            f"{ctype} *restrict yr = {y} + r * {n};"]
+    # Summing x - x[0] instead of x keeps the partial sums near the row's spread, not its offset.
+    body.append(f"const {ctype} pivot = xr[0];")
+    body += _lane_sum(ctype, "sum", "xr", n, "(v - pivot)")
+    body.append(f"const {ctype} mean = pivot + sum / {c_literal(n, ctype)};")
+    body += _lane_sum(ctype, "ssd", "xr", n, "(v - mean) * (v - mean)")
+    body.append(f"const {ctype} inv = 1 / {sqrt}(ssd / {c_literal(n, ctype)} + {c_literal(eps, ctype)});")
+    if mean_out:
+        body.append(f"{mean_out}[r] = mean;")
+    if inv_out:
+        body.append(f"{inv_out}[r] = inv;")
+    y_expr = "(xr[o + k] - mean) * " + (f"(inv * {scale})" if scale else "inv")
+    if bias:
+        y_expr += f" + {bias}"
+    if blocks == 1:
+        body.append(f"for (size_t k = 0, o = 0; k < {n}; k++) yr[k] = {y_expr};")
+    else:
+        body += [f"for (size_t j = 0; j < {blocks}; j++) {{",
+                 f"  const size_t o = j * {inner};",
+                 f"  for (size_t k = 0; k < {inner}; k++) yr[o + k] = {y_expr};",
+                 "}"]
+    return (f"for (size_t r = task; r < {rows}; r += ntasks) {{\n  "
+            + "\n  ".join(body) + "\n}")
+
+
+# -- LayerNormalization -----------------------------------------------------------------------
+
+def _ln_axis(node: Node) -> int:
+    x = _x(node)
+    return norm_axis(node.attr("axis", -1), len(x.shape), node)
+
+
+def _stash_dtype(node: Node, x: Value) -> np.dtype:
+    # stash_type 1 (the default) computes and returns Mean/InvStdDev as float32.
+    return np.dtype(np.float32) if node.attr("stash_type", 1) == 1 else np.dtype(x.dtype)
+
+
+def _ln_infer(node: Node):
+    x = _x(node)
+    if len(x.shape) == 0:
+        raise AotcError(f"LayerNormalization node {node.name!r}: input must have rank >= 1")
+    axis = _ln_axis(node)
+    stat = (tuple(x.shape[:axis]) + (1,) * (len(x.shape) - axis), _stash_dtype(node, x))
+    return [(x.shape, x.dtype)] + [stat] * (len(node.outputs) - 1)
+
+
+def _suffix_param(node: Node, v: Value | None, norm_shape: tuple[int, ...], what: str) -> int | None:
+    """How many trailing elements a scale/bias repeats over along the row (None when absent).
+
+    Supported: shapes that, without leading 1s, equal a suffix of the normalized shape (the usual
+    [hidden] weights, or [] for a scalar)."""
+    if v is None:
+        return None
+    shape = list(v.shape)
+    while shape and shape[0] == 1:
+        shape.pop(0)
+    if len(shape) > len(norm_shape) or (shape and tuple(shape) != tuple(norm_shape[-len(shape):])):
+        raise AotcError(f"{node.op} node {node.name!r}: {what} of shape {list(v.shape)} is not "
+                        f"broadcastable over the normalized shape {list(norm_shape)}")
+    return int(np.prod(shape))
+
+
+def _ln_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
+    x = _x(node)
+    axis = _ln_axis(node)
+    norm_shape = tuple(x.shape[axis:])
+    n = int(np.prod(norm_shape))
+    rows = int(np.prod(x.shape[:axis]))
+    s_len = _suffix_param(node, node.inputs[1], norm_shape, "Scale")
+    b = _opt(node, 2)
+    b_len = _suffix_param(node, b, norm_shape, "B")
+    # Absent optional inputs are not passed: ins holds the present ones in order.
+    b_name = ins[2] if b is not None else None
+    period = max(s_len or 1, b_len or 1)  # both are suffixes: the longer one sets the block size
+    blocks = n // period if n else 1
+
+    def idx(length: int | None) -> str:
+        return "0" if length == 1 else "k" if length == period else f"k % {length}"
+
+    scale = f"{ins[1]}[{idx(s_len)}]"
+    bias = f"{b_name}[{idx(b_len)}]" if b_name else None
+    if x.dtype != np.float32 and x.dtype != np.float64:
+        raise AotcError(f"LayerNormalization node {node.name!r}: dtype {x.dtype} not supported")
+    if n == 0 or rows == 0:
+        return "/* empty */"
+    mean_out = outs[1] if len(outs) > 1 and node.outputs[1].name else None
+    inv_out = outs[2] if len(outs) > 2 and node.outputs[2].name else None
+    return _row_kernel(ctype, rows, n, max(blocks, 1), float(node.attr("epsilon", 1e-5)), ins[0],
+                       outs[0], scale, bias, mean_out, inv_out)
+
+
+register(OpDef("LayerNormalization", "kernel", _ln_infer, emit=_ln_emit))
+
+
+# -- InstanceNormalization / GroupNormalization -----------------------------------------------
+
+def _same(node: Node):
+    x = _x(node)
+    if len(x.shape) < 2:
+        raise AotcError(f"{node.op} node {node.name!r}: input must have rank >= 2")
+    return [(x.shape, x.dtype)]
+
+
+def _check_float(node: Node) -> None:
+    if _x(node).dtype not in (np.float32, np.float64):
+        raise AotcError(f"{node.op} node {node.name!r}: dtype {_x(node).dtype} not supported")
+
+
+def _instance_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
+    _check_float(node)
+    shape = _x(node).shape
+    c, n = shape[1], int(np.prod(shape[2:]))
+    if 0 in shape:
+        return "/* empty */"
+    return _row_kernel(ctype, shape[0] * c, n, 1, float(node.attr("epsilon", 1e-5)), ins[0], outs[0],
+                       f"{ins[1]}[r % {c}]", f"{ins[2]}[r % {c}]")
+
+
+def _group_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
+    _check_float(node)
+    shape = _x(node).shape
+    g = int(node.attr("num_groups"))
+    c, spatial = shape[1], int(np.prod(shape[2:]))
+    if g <= 0 or c % g:
+        raise AotcError(f"GroupNormalization node {node.name!r}: {c} channels not divisible into "
+                        f"{g} groups")
+    if 0 in shape:
+        return "/* empty */"
+    per = c // g
+    eps = float(node.attr("epsilon", 1e-5))
+    if node.attr("_opset", 21) < 21 and node.inputs[1].shape[0] == g:
+        # Opset 18: one scale/bias per group (the ambiguity opset 21 removed).
+        return _row_kernel(ctype, shape[0] * g, per * spatial, 1, eps, ins[0], outs[0],
+                           f"{ins[1]}[r % {g}]", f"{ins[2]}[r % {g}]")
+    ch = f"(r % {g}) * {per} + j"
+    return _row_kernel(ctype, shape[0] * g, per * spatial, per, eps, ins[0], outs[0],
+                       f"{ins[1]}[{ch}]", f"{ins[2]}[{ch}]")
+
+
+register(OpDef("InstanceNormalization", "kernel", _same, emit=_instance_emit))
+register(OpDef("GroupNormalization", "kernel", _same, emit=_group_emit))

@@ -1,0 +1,379 @@
+"""Differential tests of convolution and pooling against onnxruntime.
+
+Cases of a section compile together as one model (independent subgraphs) to keep C compile time low;
+a failing group is recompiled case by case so only the faulty case fails. Fusion tests check the
+kernel count of the compiled library too.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from onnx import helper
+from onnx.reference import ReferenceEvaluator
+from onnx_helpers import Case, Inp, assert_close, build_model, make_feeds, run_ort, single
+
+import aotc
+from aotc.compiler import compile_model
+
+pytest.importorskip("onnxruntime")
+
+F, D = "float32", "float64"
+GROUP_SIZE = 40
+CASES: list[Case] = []
+_rng = np.random.default_rng(7)
+
+
+def w(*shape: int, dtype: str = F) -> np.ndarray:
+    return _rng.standard_normal(shape).astype(dtype)
+
+
+def tol(k: int) -> dict:
+    """Tolerances for sums of k products (summation order differs from onnxruntime's)."""
+    return {"rtol": 1e-4, "atol": 1e-5 * max(1.0, k ** 0.5)}
+
+
+def add(section: str, *cases: Case) -> None:
+    for c in cases:
+        c.id = f"{section}-{c.id}"
+        c.group = c.group or section
+        CASES.append(c)
+
+
+# -- Conv ------------------------------------------------------------------------------------------
+# (id, x shape, w shape, attrs); weights are constants (the fast paths) unless the id says "rt".
+CONV = [
+    ("1d", (1, 3, 11), (4, 3, 3), {}),
+    ("1d_pad_stride", (2, 3, 12), (5, 3, 4), {"pads": [2, 1], "strides": [2]}),
+    ("1d_dil", (1, 2, 13), (3, 2, 3), {"dilations": [3], "pads": [1, 2]}),
+    ("2d", (1, 3, 7, 9), (4, 3, 3, 3), {}),
+    ("2d_pad1", (1, 8, 9, 10), (16, 8, 3, 3), {"pads": [1, 1, 1, 1]}),
+    ("2d_pad_asym", (1, 5, 8, 7), (6, 5, 3, 2), {"pads": [0, 1, 2, 0]}),
+    ("2d_stride2", (1, 4, 11, 10), (7, 4, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
+    ("2d_stride_mixed", (1, 4, 10, 13), (3, 4, 2, 3), {"strides": [3, 2]}),
+    ("2d_dil", (1, 3, 12, 12), (5, 3, 3, 3), {"dilations": [2, 3], "pads": [2, 2, 1, 3]}),
+    ("2d_1x1", (1, 16, 7, 7), (24, 16, 1, 1), {}),
+    ("2d_1x1_stride2", (1, 8, 9, 9), (12, 8, 1, 1), {"strides": [2, 2]}),
+    ("2d_1x1_batch_odd", (2, 5, 5, 7), (13, 5, 1, 1), {}),
+    ("2d_1x1_group", (1, 8, 6, 6), (10, 4, 1, 1), {"group": 2}),
+    ("2d_1x1_big_ci", (1, 70, 5, 5), (9, 70, 1, 1), {}),
+    ("2d_1x1_pad", (1, 4, 5, 5), (6, 4, 1, 1), {"pads": [1, 0, 0, 1]}),
+    ("1d_1x1", (1, 6, 40), (7, 6, 1), {}),
+    ("3d_1x1", (1, 4, 3, 4, 5), (5, 4, 1, 1, 1), {}),
+    ("2d_7x7_s2", (1, 3, 20, 20), (8, 3, 7, 7), {"pads": [3, 3, 3, 3], "strides": [2, 2]}),
+    ("2d_batch3", (3, 4, 6, 6), (5, 4, 3, 3), {"pads": [1, 1, 1, 1]}),
+    ("2d_many_out", (1, 6, 5, 5), (37, 6, 3, 3), {"pads": [1, 1, 1, 1]}),
+    ("2d_tiny_out", (1, 4, 3, 3), (9, 4, 3, 3), {}),
+    ("2d_group2", (1, 6, 7, 7), (8, 3, 3, 3), {"group": 2, "pads": [1, 1, 1, 1]}),
+    ("2d_group3_batch2", (2, 9, 6, 5), (6, 3, 2, 2), {"group": 3}),
+    ("2d_depthwise", (1, 8, 10, 9), (8, 1, 3, 3), {"group": 8, "pads": [1, 1, 1, 1]}),
+    ("2d_depthwise_s2", (2, 5, 11, 11), (5, 1, 3, 3), {"group": 5, "pads": [1, 1, 1, 1], "strides": [2, 2]}),
+    ("2d_depthwise_mult2", (1, 4, 8, 8), (8, 1, 3, 3), {"group": 4, "pads": [0, 1, 1, 0]}),
+    ("2d_depthwise_large", (1, 2, 66, 65), (2, 1, 3, 3), {"group": 2, "pads": [1, 1, 1, 1]}),
+    ("2d_depthwise_large_s2_asym", (1, 2, 67, 70), (2, 1, 3, 3), {"group": 2, "pads": [1, 0, 0, 1],
+                                                                  "strides": [2, 2]}),
+    ("2d_depthwise_s32_dil", (1, 3, 13, 12), (6, 1, 3, 2), {"group": 3, "pads": [2, 1, 1, 0],
+                                                            "strides": [3, 2], "dilations": [2, 3]}),
+    ("1d_depthwise_s2", (2, 3, 17), (3, 1, 5), {"group": 3, "pads": [2, 1], "strides": [2]}),
+    ("1d_depthwise_large", (1, 2, 5000), (2, 1, 3), {"group": 2, "pads": [1, 1]}),
+    ("2d_depthwise_5x5_dil", (1, 3, 12, 12), (3, 1, 5, 5), {"group": 3, "pads": [4, 4, 4, 4], "dilations": [2, 2]}),
+    ("2d_same_upper", (1, 3, 8, 7), (4, 3, 3, 4), {"auto_pad": "SAME_UPPER"}),
+    ("2d_same_lower", (1, 3, 8, 7), (4, 3, 4, 3), {"auto_pad": "SAME_LOWER"}),
+    ("2d_same_upper_s2", (1, 3, 9, 8), (4, 3, 3, 3), {"auto_pad": "SAME_UPPER", "strides": [2, 2]}),
+    ("2d_same_lower_s2", (1, 3, 9, 8), (4, 3, 2, 2), {"auto_pad": "SAME_LOWER", "strides": [2, 2]}),
+    ("2d_valid", (1, 3, 8, 7), (4, 3, 3, 3), {"auto_pad": "VALID", "strides": [2, 1]}),
+    ("2d_notset", (1, 3, 6, 6), (2, 3, 3, 3), {"auto_pad": "NOTSET", "pads": [1, 0, 1, 0]}),
+    ("2d_kernel_shape_attr", (1, 2, 6, 6), (3, 2, 3, 3), {"kernel_shape": [3, 3]}),
+    ("3d", (1, 2, 5, 6, 7), (3, 2, 3, 3, 3), {"pads": [1, 1, 1, 1, 1, 1]}),
+    ("3d_stride_dil", (2, 2, 7, 6, 8), (4, 2, 2, 3, 2), {"strides": [2, 1, 2], "dilations": [1, 2, 1]}),
+    ("3d_group", (1, 4, 5, 5, 5), (4, 2, 3, 1, 3), {"group": 2, "auto_pad": "SAME_UPPER"}),
+    ("3d_depthwise", (1, 3, 5, 6, 4), (3, 1, 3, 3, 3), {"group": 3, "pads": [1, 1, 1, 1, 1, 1]}),
+]
+for _id, _x, _w, _a in CONV:
+    k = _w[1] * int(np.prod(_w[2:]))
+    add("conv", single(_id, "Conv", [Inp(_x), w(*_w)], _a, **tol(k)))
+    add("conv", single(_id + "_bias", "Conv", [Inp(_x), w(*_w), w(_w[0])], _a, **tol(k)))
+add("conv",
+    single("rt_weights", "Conv", [Inp((1, 4, 7, 7)), Inp((6, 4, 3, 3)), Inp((6,))], {"pads": [1, 1, 1, 1]}, **tol(36)),
+    single("rt_weights_group", "Conv", [Inp((2, 4, 6, 5)), Inp((6, 2, 2, 3))], {"group": 2, "strides": [2, 1]},
+           **tol(12)),
+    single("rt_depthwise", "Conv", [Inp((1, 3, 6, 6)), Inp((3, 1, 3, 3))], {"group": 3, "pads": [1, 1, 1, 1]},
+           **tol(9)),
+    single("f64", "Conv", [Inp((1, 3, 7, 6), D), w(4, 3, 3, 3, dtype=D), w(4, dtype=D)], {"pads": [1, 1, 1, 1]}),
+    single("f64_depthwise", "Conv", [Inp((1, 3, 7, 6), D), w(3, 1, 3, 3, dtype=D)], {"group": 3}),
+    single("f64_1d", "Conv", [Inp((2, 2, 9), D), Inp((3, 2, 3), D)], {"strides": [2]}),
+)
+
+# -- ConvTranspose ---------------------------------------------------------------------------------
+CONVT = [
+    ("1d", (1, 3, 6), (3, 2, 3), {}),
+    ("1d_stride_pads", (2, 2, 5), (2, 3, 4), {"strides": [2], "pads": [1, 2]}),
+    ("2d", (1, 3, 4, 5), (3, 4, 3, 3), {}),
+    ("2d_stride2", (1, 2, 4, 4), (2, 3, 3, 3), {"strides": [2, 2]}),
+    ("2d_stride_pads_outpad", (1, 2, 4, 5), (2, 3, 3, 3), {"strides": [2, 3], "pads": [1, 0, 1, 1],
+                                                          "output_padding": [1, 2]}),
+    ("2d_dil", (1, 2, 4, 4), (2, 2, 3, 2), {"dilations": [2, 3]}),
+    ("2d_group", (2, 4, 3, 4), (4, 3, 2, 2), {"group": 2, "strides": [2, 2]}),
+    ("2d_output_shape", (1, 2, 4, 4), (2, 3, 3, 3), {"strides": [3, 2], "output_shape": [10, 8]}),
+    ("2d_output_shape_upper", (1, 2, 4, 4), (2, 3, 3, 3), {"strides": [2, 2], "output_shape": [8, 9],
+                                                          "auto_pad": "SAME_UPPER"}),
+    ("2d_same_upper", (1, 2, 3, 4), (2, 2, 3, 3), {"strides": [2, 2], "auto_pad": "SAME_UPPER"}),
+    ("2d_same_lower", (1, 2, 3, 4), (2, 2, 3, 3), {"strides": [2, 2], "auto_pad": "SAME_LOWER"}),
+    ("2d_valid", (1, 2, 3, 4), (2, 2, 3, 2), {"auto_pad": "VALID"}),
+    ("3d", (1, 2, 3, 4, 3), (2, 2, 3, 2, 2), {"strides": [1, 2, 2], "pads": [1, 0, 0, 1, 1, 0]}),
+]
+for _id, _x, _w, _a in CONVT:
+    add("convt", single(_id, "ConvTranspose", [Inp(_x), w(*_w)], _a, **tol(27)))
+    add("convt", single(_id + "_bias", "ConvTranspose", [Inp(_x), Inp(_w), w(_w[1] * _a.get("group", 1))],
+                        _a, **tol(27)))
+add("convt", single("f64", "ConvTranspose", [Inp((1, 2, 4, 3), D), w(2, 3, 3, 3, dtype=D)], {"strides": [2, 2]}))
+
+# -- pooling ---------------------------------------------------------------------------------------
+POOL = [
+    ("1d", (1, 2, 11), {"kernel_shape": [3]}),
+    ("1d_stride_pad", (2, 3, 10), {"kernel_shape": [4], "strides": [3], "pads": [1, 2]}),
+    ("2d", (1, 3, 8, 9), {"kernel_shape": [3, 3], "strides": [2, 2]}),
+    ("2d_pads", (1, 2, 7, 8), {"kernel_shape": [3, 2], "pads": [1, 0, 1, 1]}),
+    ("2d_resnet", (1, 4, 16, 16), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    ("2d_ceil", (1, 2, 8, 9), {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1}),
+    ("2d_ceil_pads", (1, 2, 7, 7), {"kernel_shape": [2, 3], "strides": [2, 3], "pads": [1, 1, 0, 1],
+                                    "ceil_mode": 1}),
+    ("2d_same_upper", (1, 2, 7, 8), {"kernel_shape": [3, 2], "strides": [2, 2], "auto_pad": "SAME_UPPER"}),
+    ("2d_same_lower", (1, 2, 7, 8), {"kernel_shape": [3, 2], "strides": [2, 2], "auto_pad": "SAME_LOWER"}),
+    ("2d_valid", (1, 2, 7, 8), {"kernel_shape": [3, 3], "strides": [2, 1], "auto_pad": "VALID"}),
+    ("3d", (1, 2, 5, 6, 7), {"kernel_shape": [2, 3, 2], "strides": [2, 1, 2], "pads": [0, 1, 1, 1, 1, 0]}),
+]
+for _id, _x, _a in POOL:
+    add("pool", single("max_" + _id, "MaxPool", [Inp(_x)], _a))
+    add("pool", single("avg_" + _id, "AveragePool", [Inp(_x)], _a))
+    add("pool", single("avg_incl_" + _id, "AveragePool", [Inp(_x)], {**_a, "count_include_pad": 1}))
+    if "ceil_mode" not in _a:
+        add("pool", single("lp_" + _id, "LpPool", [Inp(_x)], _a, opset=18))
+add("pool",
+    single("max_dil", "MaxPool", [Inp((1, 2, 9, 10))], {"kernel_shape": [2, 3], "dilations": [2, 2],
+                                                      "pads": [1, 1, 1, 1]}),
+    single("max_dil_ceil", "MaxPool", [Inp((1, 2, 10, 9))], {"kernel_shape": [3, 2], "dilations": [2, 3],
+                                                            "strides": [2, 2], "ceil_mode": 1}),
+    single("max_storage_order", "MaxPool", [Inp((1, 2, 6, 6))], {"kernel_shape": [2, 2], "storage_order": 1}),
+    single("max_indices", "MaxPool", [Inp((2, 3, 6, 7))], {"kernel_shape": [3, 3], "strides": [2, 2],
+                                                           "pads": [1, 1, 1, 1]}, n_out=2),
+    single("max_indices_storage_order", "MaxPool", [Inp((1, 2, 5, 6))],
+           {"kernel_shape": [2, 3], "storage_order": 1}, n_out=2),
+    single("max_indices_3d", "MaxPool", [Inp((1, 2, 4, 5, 4))], {"kernel_shape": [2, 2, 2]}, n_out=2),
+    single("avg_dil_opset19", "AveragePool", [Inp((1, 2, 9, 10))], {"kernel_shape": [2, 3], "dilations": [2, 2],
+                                                                   "pads": [1, 1, 1, 1]}, opset=19),
+    single("avg_dil_incl_opset19", "AveragePool", [Inp((1, 2, 9, 10))],
+           {"kernel_shape": [2, 3], "dilations": [2, 2], "pads": [1, 1, 1, 1], "count_include_pad": 1}, opset=19),
+    single("avg_ceil_incl", "AveragePool", [Inp((1, 2, 8, 8))],
+           {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "ceil_mode": 1,
+            "count_include_pad": 1}),
+    single("lp_p1", "LpPool", [Inp((1, 2, 6, 7))], {"kernel_shape": [2, 2], "p": 1}),
+    single("lp_p3", "LpPool", [Inp((1, 2, 6, 7))], {"kernel_shape": [3, 2], "p": 3, "strides": [2, 1]}, rtol=1e-4),
+    single("gap_2d", "GlobalAveragePool", [Inp((2, 5, 7, 6))]),
+    single("gap_1d", "GlobalAveragePool", [Inp((1, 3, 9))]),
+    single("gap_3d", "GlobalAveragePool", [Inp((1, 2, 3, 4, 5))]),
+    single("gmp_2d", "GlobalMaxPool", [Inp((2, 5, 7, 6))]),
+    single("gmp_3d", "GlobalMaxPool", [Inp((1, 2, 3, 4, 5))]),
+    single("max_f64", "MaxPool", [Inp((1, 2, 6, 6), D)], {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}),
+    single("avg_f64", "AveragePool", [Inp((1, 2, 6, 6), D)], {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}),
+    single("gap_f64", "GlobalAveragePool", [Inp((1, 2, 6, 6), D)]),
+)
+
+
+# -- fusion ----------------------------------------------------------------------------------------
+def node(op: str, ins: list[str], outs: list[str], **attrs) -> object:
+    return helper.make_node(op, ins, outs, **attrs)
+
+
+def bn_consts(c: int) -> dict[str, np.ndarray]:
+    return {"s": _rng.uniform(0.5, 2, c).astype(np.float32), "b": w(c),
+            "mu": w(c), "var": _rng.uniform(0.5, 2, c).astype(np.float32)}
+
+
+# (id, case, expected number of kernels)
+FUSED: list[tuple[Case, int]] = [
+    (Case("conv_bn_relu", [node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+                           node("BatchNormalization", ["c", "s", "b", "mu", "var"], ["bn"]),
+                           node("Relu", ["bn"], ["y"])],
+          {"x": Inp((1, 8, 9, 9))}, ["y"], {"w": w(16, 8, 3, 3), **bn_consts(16)}, **tol(72)), 1),
+    (Case("conv_bias_bn_relu_dw", [node("Conv", ["x", "w", "cb"], ["c"], pads=[1, 1, 1, 1], group=8),
+                                   node("BatchNormalization", ["c", "s", "b", "mu", "var"], ["bn"]),
+                                   node("Clip", ["bn", "lo", "hi"], ["y"])],
+          {"x": Inp((1, 8, 9, 9))}, ["y"],
+          {"w": w(8, 1, 3, 3), "cb": w(8), "lo": np.float32(0), "hi": np.float32(6), **bn_consts(8)},
+          **tol(9)), 1),
+    (Case("conv_bn_residual_relu", [node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+                                    node("BatchNormalization", ["c", "s", "b", "mu", "var"], ["bn"]),
+                                    node("Add", ["bn", "x"], ["r"]), node("Relu", ["r"], ["y"])],
+          {"x": Inp((2, 8, 6, 7))}, ["y"], {"w": w(8, 8, 3, 3), **bn_consts(8)}, **tol(72)), 1),
+    (Case("conv_hardswish", [node("Conv", ["x", "w", "cb"], ["c"], strides=[2, 2]),
+                             node("HardSwish", ["c"], ["y"])],
+          {"x": Inp((1, 4, 9, 9))}, ["y"], {"w": w(6, 4, 3, 3), "cb": w(6)}, **tol(36)), 1),
+    (Case("conv_1d_bias_bcast_relu", [node("Conv", ["x", "w"], ["c"]), node("Add", ["c", "t"], ["a"]),
+                                      node("Relu", ["a"], ["y"])],
+          {"x": Inp((1, 4, 9))}, ["y"], {"w": w(5, 4, 3), "t": w(5, 1)}, **tol(12)), 1),
+    (Case("conv_3d_bn", [node("Conv", ["x", "w"], ["c"]),
+                         node("BatchNormalization", ["c", "s", "b", "mu", "var"], ["y"])],
+          {"x": Inp((1, 2, 4, 5, 4))}, ["y"], {"w": w(3, 2, 2, 2, 2), **bn_consts(3)}, **tol(16)), 1),
+    (Case("conv_rt_weights_relu", [node("Conv", ["x", "w"], ["c"]), node("Relu", ["c"], ["y"])],
+          {"x": Inp((1, 3, 6, 6)), "w": Inp((4, 3, 3, 3))}, ["y"], **tol(27)), 1),
+    (Case("conv_mul_residual_spatial", [node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+                                        node("Mul", ["c", "m"], ["p"]), node("Add", ["p", "r"], ["y"])],
+          {"x": Inp((1, 3, 5, 6)), "m": Inp((1, 1, 5, 6)), "r": Inp((4, 1, 1))}, ["y"],
+          {"w": w(4, 3, 3, 3)}, **tol(27)), 1),
+    (Case("conv1x1_bn_residual_relu", [node("Conv", ["x", "w"], ["c"]),
+                                       node("BatchNormalization", ["c", "s", "b", "mu", "var"], ["bn"]),
+                                       node("Add", ["r", "bn"], ["a"]), node("Relu", ["a"], ["y"])],
+          {"x": Inp((2, 12, 5, 6)), "r": Inp((2, 7, 5, 6))}, ["y"], {"w": w(7, 12, 1, 1), **bn_consts(7)},
+          **tol(12)), 1),
+    (Case("dw_residual_spatial", [node("Conv", ["x", "w"], ["c"], group=4, pads=[1, 1, 1, 1]),
+                                  node("Mul", ["c", "m"], ["p"]), node("Add", ["p", "x"], ["y"])],
+          {"x": Inp((1, 4, 6, 7)), "m": Inp((1, 6, 1))}, ["y"], {"w": w(4, 1, 3, 3)}, **tol(9)), 1),
+    (Case("dw_large_residual_relu", [node("Conv", ["x", "w", "cb"], ["c"], group=2, pads=[1, 1, 1, 1]),
+                                     node("Add", ["c", "x"], ["a"]), node("Relu", ["a"], ["y"])],
+          {"x": Inp((1, 2, 66, 66))}, ["y"], {"w": w(2, 1, 3, 3), "cb": w(2)}, **tol(9)), 1),
+    # The conv output is also fetched: no fusion, two kernels.
+    (Case("conv_two_outputs", [node("Conv", ["x", "w"], ["c"]), node("Relu", ["c"], ["y"])],
+          {"x": Inp((1, 3, 6, 6))}, ["c", "y"], {"w": w(4, 3, 3, 3)}, **tol(27)), 2),
+    # The conv output is fetched, so the BatchNorm must not fold into its weights.
+    (Case("conv_bn_conv_fetched", [node("Conv", ["x", "w"], ["c"]),
+                                   node("BatchNormalization", ["c", "s", "b", "mu", "var"], ["y"])],
+          {"x": Inp((1, 3, 6, 6))}, ["c", "y"], {"w": w(4, 3, 3, 3), **bn_consts(4)}, **tol(27)), 2),
+    # Two convs on one input then Add: the second conv absorbs the Add (residual) and Relu.
+    (Case("two_convs_add", [node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1]),
+                            node("Conv", ["x", "w2"], ["b"], strides=[1, 1]),
+                            node("Add", ["a", "b"], ["s"]), node("Relu", ["s"], ["y"])],
+          {"x": Inp((1, 4, 6, 6))}, ["y"], {"w1": w(5, 4, 3, 3), "w2": w(5, 4, 1, 1)}, **tol(36)), 2),
+]
+for _c, _ in FUSED:
+    add("fused", _c)
+KERNELS = {c.id: n for c, n in FUSED}
+# BatchNorm folded into the weights and bias: nothing of it is left in the kernel.
+KERNEL_OPS = {"fused-conv_bn_relu": [["Conv", "Relu"]], "fused-conv_3d_bn": [["Conv"]],
+              "fused-conv_bias_bn_relu_dw": [["Conv", "Clip"]],
+              "fused-conv_bn_residual_relu": [["Conv", "Add", "Relu"]],
+              "fused-conv_1d_bias_bcast_relu": [["Conv", "Relu"]]}
+
+
+def _f64(c: Case) -> bool:
+    return any(i.dtype == D for i in c.inputs.values())
+
+
+def _groups() -> dict[str, list[Case]]:
+    by: dict[str, list[Case]] = {}
+    for c in CASES:
+        by.setdefault(c.group, []).append(c)
+    chunks: dict[str, list[Case]] = {}
+    for key, cases in by.items():
+        if key == "fused":  # compiled one by one: the kernel count is per case
+            for c in cases:
+                c.group = c.id
+                chunks[c.id] = [c]
+            continue
+        for j in range(0, len(cases), GROUP_SIZE):
+            for c in cases[j:j + GROUP_SIZE]:
+                c.group = f"{key}#{j // GROUP_SIZE}"
+            chunks[f"{key}#{j // GROUP_SIZE}"] = cases[j:j + GROUP_SIZE]
+    return chunks
+
+
+GROUPS = _groups()
+
+
+class Runner:
+    """Compiles and runs a group once; per case: (aotc outputs | exception, ort outputs, kernel count)."""
+
+    def __init__(self, tmp_factory) -> None:
+        self.tmp_factory = tmp_factory
+        self.results: dict[str, tuple] = {}
+        self.counter = itertools.count()
+
+    def _compile_run(self, cases: list[Case]) -> None:
+        model, maps = build_model(cases)
+        local = [make_feeds(c) for c in cases]
+        feeds = {names[k]: v for names, lf in zip(maps, local, strict=True) for k, v in lf.items()}
+        want: dict[str, list[np.ndarray]] = {}
+        by_ort = [i for i, c in enumerate(cases) if not _f64(c)]
+        if by_ort:
+            ort_model, ort_maps = build_model([cases[i] for i in by_ort])
+            outs = iter(run_ort(ort_model, {names[k]: v for i, names in zip(by_ort, ort_maps, strict=True)
+                                            for k, v in local[i].items()}))
+            for i in by_ort:
+                want[cases[i].id] = [next(outs) for _ in cases[i].outputs]
+        for c, lf in zip(cases, local, strict=True):
+            if _f64(c):  # onnxruntime has no float64 Conv/pooling: onnx's reference implementation
+                want[c.id] = ReferenceEvaluator(build_model([c])[0]).run(None, lf)
+        out_dir = self.tmp_factory.mktemp(f"g{next(self.counter)}")
+        result = compile_model(model, out_dir, "t")
+        got = iter(aotc.load(result.prefix).run(feeds))
+        for c in cases:
+            self.results[c.id] = ([next(got) for _ in c.outputs], want[c.id],
+                                  [k.ops for k in result.graph.kernels])
+
+    def get(self, case: Case) -> tuple:
+        if case.id not in self.results:
+            cases = GROUPS[case.group]
+            try:
+                self._compile_run(cases)
+            except Exception:
+                if len(cases) == 1:
+                    raise
+                for c in cases:
+                    try:
+                        self._compile_run([c])
+                    except Exception as e:  # noqa: BLE001 - re-raised by that case's test
+                        self.results[c.id] = (e, None, [])
+        return self.results[case.id]
+
+
+@pytest.fixture(scope="module")
+def runner(tmp_path_factory) -> Runner:
+    return Runner(tmp_path_factory)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_conv_op(case: Case, runner: Runner) -> None:
+    got, want, kernels = runner.get(case)
+    if isinstance(got, Exception):
+        raise got
+    for name, g, wv in zip(case.outputs, got, want, strict=True):
+        assert_close(g, wv, case.rtol, case.atol, f"{case.id}:{name}")
+    if case.id in KERNELS:
+        assert len(kernels) == KERNELS[case.id], f"{case.id}: kernels {kernels}"
+    if case.id in KERNEL_OPS:
+        assert kernels == KERNEL_OPS[case.id]
+
+
+def test_conv_threads_bit_identical(tmp_path) -> None:
+    """Every path splits work over (batch, channel) units, never a sum: results do not depend on the
+    number of tasks."""
+    cases = [single("tiled", "Conv", [Inp((2, 16, 12, 12)), w(24, 16, 3, 3)], {"pads": [1, 1, 1, 1]}),
+             single("rows", "Conv", [Inp((1, 32, 12, 12)), w(40, 32, 1, 1), w(40)]),
+             single("dw", "Conv", [Inp((1, 32, 20, 20)), w(32, 1, 3, 3)], {"group": 32, "pads": [1, 1, 1, 1]}),
+             single("generic", "Conv", [Inp((1, 8, 12, 12)), Inp((16, 8, 3, 3))]),
+             single("convt", "ConvTranspose", [Inp((1, 8, 10, 10)), w(8, 8, 3, 3)], {"strides": [2, 2]}),
+             single("pool", "MaxPool", [Inp((1, 64, 24, 24))], {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]})]
+    model, maps = build_model(cases)
+    feeds = {names[k]: v for c, names in zip(cases, maps, strict=True) for k, v in make_feeds(c).items()}
+    result = compile_model(model, tmp_path, "t")
+    one = aotc.load(result.prefix).run(feeds)
+    three = aotc.load(result.prefix, threads=3).run(feeds)
+    for a, b in zip(one, three, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("target", ["generic"])
+def test_conv_portable_target(tmp_path, target: str) -> None:
+    """The vector code of the fast paths also builds for targets without AVX (4-lane vectors)."""
+    cases = [single("tiled", "Conv", [Inp((1, 4, 9, 9)), w(20, 4, 3, 3), w(20)], {"pads": [1, 1, 1, 1]}, **tol(36)),
+             single("rows", "Conv", [Inp((1, 8, 6, 6)), w(10, 8, 1, 1)], **tol(8)),
+             single("dw", "Conv", [Inp((1, 3, 9, 9)), w(3, 1, 3, 3)], {"group": 3, "strides": [2, 2]}, **tol(9)),
+             single("pool", "AveragePool", [Inp((1, 2, 7, 7))], {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]})]
+    model, maps = build_model(cases)
+    feeds = {names[k]: v for c, names in zip(cases, maps, strict=True) for k, v in make_feeds(c).items()}
+    want = run_ort(model, feeds)
+    got = aotc.load(compile_model(model, tmp_path, "t", target_cpu=target).prefix).run(feeds)
+    for c, g, wv in zip(cases, got, want, strict=True):
+        assert_close(g, wv, c.rtol, c.atol, c.id)
