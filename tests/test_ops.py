@@ -794,11 +794,7 @@ add("i32",
 )
 
 # -- expected failures: aotc bugs outside aotc/ops (see the reasons) ---------------------------------------
-XFAIL: dict[str, tuple[str, type[BaseException]]] = {
-    "reduce-ReduceLogSumExp_large_values": (
-        "ReduceLogSumExp is log(sum(exp(x))) without subtracting the max: exp overflows for x > ~88 "
-        "(a max-shifted form needs two passes, which the Reduction rule cannot express)", AssertionError),
-}
+XFAIL: dict[str, tuple[str, type[BaseException]]] = {}
 
 
 def _params() -> list:

@@ -20,7 +20,7 @@ from aotc.ir import dtypes
 from aotc.ir.graph import Graph, Value
 from aotc.ops import OPS
 
-MIN_OPSET = 7
+MIN_OPSET = 1  # opset < 7 legacy broadcasting is handled in propagate
 
 
 def load_model(path: str | Path) -> onnx.ModelProto:

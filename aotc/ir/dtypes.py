@@ -9,6 +9,9 @@ from onnx import TensorProto
 _TABLE: dict[np.dtype, tuple[str, int, str]] = {
     np.dtype(np.float32): ("float", TensorProto.FLOAT, "float32"),
     np.dtype(np.float64): ("double", TensorProto.DOUBLE, "float64"),
+    # C23/ISO TS 18661-3 half precision (GCC >= 12, Clang >= 15 on x86-64 and AArch64); arithmetic
+    # is done in it directly, math functions go through double.
+    np.dtype(np.float16): ("_Float16", TensorProto.FLOAT16, "float16"),
     np.dtype(np.int64): ("int64_t", TensorProto.INT64, "int64"),
     np.dtype(np.int32): ("int32_t", TensorProto.INT32, "int32"),
     np.dtype(np.int16): ("int16_t", TensorProto.INT16, "int16"),
@@ -25,12 +28,16 @@ _FROM_NAME = {name: dt for dt, (_, _, name) in _TABLE.items()}
 # Stable numeric codes for the generated metadata (NAME_input_dtype()); never renumber.
 DTYPE_CODES: dict[str, int] = {
     "float32": 1, "uint8": 2, "int8": 3, "uint16": 4, "int16": 5, "int32": 6, "int64": 7,
-    "bool": 9, "float64": 11, "uint32": 12, "uint64": 13,
+    "bool": 9, "float16": 10, "float64": 11, "uint32": 12, "uint64": 13,
 }
 
 
 def c_type(dt: np.dtype) -> str:
     return _TABLE[np.dtype(dt)][0]
+
+
+def onnx_type(dt: np.dtype) -> int:
+    return _TABLE[np.dtype(dt)][1]
 
 
 def dtype_name(dt: np.dtype) -> str:

@@ -9,6 +9,8 @@ import numpy as np
 from aotc.errors import AotcError
 from aotc.ir.graph import Node
 
+FLOAT_CTYPES = ("float", "double", "_Float16")
+
 
 def broadcast_shapes(*shapes: tuple[int, ...], where: str = "") -> tuple[int, ...]:
     try:
@@ -36,6 +38,8 @@ def norm_axis(axis: int, rank: int, node: Node) -> int:
 
 def c_literal(x: float | int | bool, ctype: str) -> str:
     """A C literal of type ``ctype`` for a Python number (inf/nan spelled with math.h macros)."""
+    if ctype == "_Float16":
+        return f"((_Float16){c_literal(float(np.float16(x)), 'float')})"
     if ctype in ("float", "double"):
         x = float(x)
         suffix = "f" if ctype == "float" else ""
@@ -56,13 +60,15 @@ def c_literal(x: float | int | bool, ctype: str) -> str:
 
 
 def lowest(ctype: str) -> str:
-    return {"float": "(-INFINITY)", "double": "(-(double)INFINITY)", "int64_t": "INT64_MIN",
+    return {"float": "(-INFINITY)", "double": "(-(double)INFINITY)", "_Float16": "(-(_Float16)INFINITY)",
+            "int64_t": "INT64_MIN",
             "int32_t": "INT32_MIN", "int16_t": "INT16_MIN", "int8_t": "INT8_MIN", "_Bool": "0"}.get(
         ctype, "0")
 
 
 def highest(ctype: str) -> str:
-    return {"float": "INFINITY", "double": "((double)INFINITY)", "int64_t": "INT64_MAX",
+    return {"float": "INFINITY", "double": "((double)INFINITY)", "_Float16": "((_Float16)INFINITY)",
+            "int64_t": "INT64_MAX",
             "int32_t": "INT32_MAX", "int16_t": "INT16_MAX", "int8_t": "INT8_MAX", "uint8_t": "UINT8_MAX",
             "uint16_t": "UINT16_MAX", "uint32_t": "UINT32_MAX", "uint64_t": "UINT64_MAX",
             "_Bool": "1"}[ctype]

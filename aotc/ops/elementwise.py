@@ -8,7 +8,7 @@ import numpy as np
 
 from aotc.ir import dtypes
 from aotc.ir.graph import Node
-from aotc.ops.common import broadcast_shapes, c_literal, highest, lowest
+from aotc.ops.common import FLOAT_CTYPES, broadcast_shapes, c_literal, highest, lowest
 from aotc.ops.registry import OpDef, register
 
 ExprFn = Callable[[Node, list[str], str], str]
@@ -87,13 +87,13 @@ ew("Sign", lambda n, x, t: f"({x[0]} > 0 ? {c_literal(1, t)} : ({x[0]} < 0 ? {c_
 
 def _pow(node: Node, x: list[str], t: str) -> str:
     e = node.inputs[1]
-    if e is not None and e.is_const and e.size == 1 and t in ("float", "double"):
+    if e is not None and e.is_const and e.size == 1 and t in FLOAT_CTYPES:
         k = float(e.const.reshape(-1)[0])
         special = {1.0: "{a}", 2.0: "({a} * {a})", 3.0: "({a} * {a} * {a})", 0.5: "sqrt{s}({a})",
                    -1.0: "({one} / {a})", 0.0: "{one}"}
         if k in special:
             return special[k].format(a=x[0], s="f" if t == "float" else "", one=c_literal(1, t))
-    if t in ("float", "double"):
+    if t in FLOAT_CTYPES:
         return f"{math_fn('pow', t)}({x[0]}, ({t}){x[1]})"
     return f"({t})pow((double){x[0]}, (double){x[1]})"
 
@@ -218,3 +218,81 @@ def _cast(node: Node, x: list[str], t: str) -> str:
 ew("Cast", _cast, lambda n: dtypes.from_onnx(int(n.attr("to"))))
 # An explicit copy, inserted where a graph output would otherwise share storage with another value.
 ew("Copy", lambda n, x, t: x[0])
+# Rewritten into Cast by propagation, once the second operand's dtype is known.
+register(OpDef("CastLike", "elementwise", lambda n: [(n.inputs[0].shape, n.inputs[1].dtype)], expr=_cast))
+
+# -- more math ------------------------------------------------------------------------------------------
+for _name in ["tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh"]:
+    ew(_name[0].upper() + _name[1:], lambda n, x, t, _f=_name: f"{math_fn(_f, t)}({x[0]})")
+
+
+def _softplus(x: str, t: str) -> str:
+    return f"({x} > 20 ? {x} : {math_fn('log', t)}(1 + {math_fn('exp', t)}({x})))"
+
+
+ew("Mish", lambda n, x, t: f"({x[0]} * {math_fn('tanh', t)}({_softplus(x[0], t)}))")
+ew("Swish", lambda n, x, t:
+   f"({x[0]} / (1 + {math_fn('exp', t)}(-{_attr_f('alpha', 1.0)(n, t)} * {x[0]})))")
+
+
+def _mod(node: Node, x: list[str], t: str) -> str:
+    a, b = x
+    if t in FLOAT_CTYPES:
+        # fmod=1 is C's fmod; fmod=0 is not allowed for floats by the spec, numpy's rule serves.
+        f = math_fn("fmod", t)
+        if node.attr("fmod", 0):
+            return f"{f}({a}, {b})"
+        return f"({f}({a}, {b}) != 0 && (({f}({a}, {b}) < 0) != ({b} < 0)) ? {f}({a}, {b}) + {b} : {f}({a}, {b}))"
+    if node.attr("fmod", 0) or t.startswith("u") or t == "_Bool":
+        return f"({b} == 0 ? 0 : {a} % {b})"
+    # Integer mod takes the divisor's sign (Python's %); x % 0 is 0 rather than a trap.
+    return f"({b} == 0 ? 0 : (({a} % {b}) != 0 && ((({a} % {b}) < 0) != ({b} < 0)) ? ({a} % {b}) + {b} : {a} % {b}))"
+
+
+ew("Mod", _mod)
+
+
+def _bitshift(node: Node, x: list[str], t: str) -> str:
+    # Shifting by >= the width (or by a negative amount) is undefined in C; ONNX wants every bit
+    # shifted out: 0, or -1 for a negative value shifted right.
+    bits = {"uint8_t": 8, "uint16_t": 16, "uint32_t": 32, "uint64_t": 64, "int8_t": 8, "int16_t": 16,
+            "int32_t": 32, "int64_t": 64}.get(t, 64)
+    a, s = x
+    out = "0" if node.attr("direction") == "LEFT" or t.startswith("u") else f"({a} < 0 ? ({t})-1 : 0)"
+    op = "<<" if node.attr("direction") == "LEFT" else ">>"
+    shifted = f"({t})((uint64_t){a} << {s})" if op == "<<" else f"({t})({a} >> {s})"
+    return f"(({s}) < 0 || ({s}) >= {bits} ? ({t}){out} : {shifted})"
+
+
+ew("BitShift", _bitshift)
+ew("BitwiseAnd", _f("({t})({a} & {b})"))
+ew("BitwiseOr", _f("({t})({a} | {b})"))
+ew("BitwiseXor", _f("({t})({a} ^ {b})"))
+ew("BitwiseNot", _f("({t})(~{a})"))
+
+
+# -- (de)quantization: per-tensor or per-axis (propagation reshapes a per-axis scale to broadcast) ------
+def _q_dtype(node: Node) -> np.dtype:
+    zp = node.inputs[2] if len(node.inputs) > 2 else None
+    if zp is not None:
+        return zp.dtype
+    return dtypes.from_onnx(int(node.attr("output_dtype", 0) or 2))  # uint8 by default
+
+
+def _quantize(node: Node, x: list[str], t: str) -> str:
+    lo, hi = lowest(t), highest(t)
+    # x / scale in x's own precision, as the reference does: a double quotient can round differently.
+    ft = dtypes.c_type(node.inputs[0].dtype)
+    v = f"((double){math_fn('rint', ft)}({x[0]} / ({ft}){x[1]}) + (double){x[2] if len(x) > 2 else '0'})"
+    return f"({v} < {lo} ? {lo} : ({v} > {hi} ? {hi} : ({t}){v}))"
+
+
+def _dequantize(node: Node, x: list[str], t: str) -> str:
+    zp = x[2] if len(x) > 2 else "0"
+    return f"((({t}){x[0]} - ({t}){zp}) * {x[1]})"
+
+
+register(OpDef("QuantizeLinear", "elementwise", lambda n: [(n.inputs[0].shape, _q_dtype(n))], expr=_quantize))
+register(OpDef("DequantizeLinear", "elementwise",
+               lambda n: [(n.inputs[0].shape, dtypes.from_onnx(int(n.attr("output_dtype", 0)))
+                           if n.attr("output_dtype", 0) else n.inputs[1].dtype)], expr=_dequantize))

@@ -43,3 +43,38 @@ def _gemm_infer(node: Node):
 register(OpDef("MatMul", "gemm", _matmul_infer))
 # Only lives until the simplifier rewrites it (fold and inference still need it).
 register(OpDef("Gemm", "gemm", _gemm_infer))
+
+
+# -- Det: LU with partial pivoting per matrix, in double -------------------------------------------------
+def _det_infer(node: Node):
+    x = node.inputs[0]
+    assert x is not None and x.shape is not None
+    if len(x.shape) < 2 or x.shape[-1] != x.shape[-2]:
+        raise AotcError(f"Det node {node.name!r}: needs square matrices, got {x.shape}")
+    return [(tuple(x.shape[:-2]), x.dtype)]
+
+
+def _det_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
+    x = node.inputs[0]
+    assert x is not None
+    m = x.shape[-1]
+    nb = x.size // max(m * m, 1)
+    return (f"for (size_t b = task; b < {nb}; b += ntasks) {{\n"
+            f"  double a[{max(m * m, 1)}], det = 1;\n"
+            f"  for (size_t i = 0; i < {m * m}; i++) a[i] = {ins[0]}[b * {m * m} + i];\n"
+            f"  for (size_t c = 0; c < {m}; c++) {{\n"
+            f"    size_t p = c;\n"
+            f"    for (size_t r = c + 1; r < {m}; r++) if (fabs(a[r * {m} + c]) > fabs(a[p * {m} + c])) p = r;\n"
+            f"    if (a[p * {m} + c] == 0) {{ det = 0; break; }}\n"
+            f"    if (p != c) {{ det = -det; for (size_t k = 0; k < {m}; k++) {{ double t = a[c * {m} + k]; "
+            f"a[c * {m} + k] = a[p * {m} + k]; a[p * {m} + k] = t; }} }}\n"
+            f"    det *= a[c * {m} + c];\n"
+            f"    for (size_t r = c + 1; r < {m}; r++) {{\n"
+            f"      const double f = a[r * {m} + c] / a[c * {m} + c];\n"
+            f"      for (size_t k = c; k < {m}; k++) a[r * {m} + k] -= f * a[c * {m} + k];\n"
+            f"    }}\n"
+            f"  }}\n"
+            f"  {outs[0]}[b] = ({ctype})det;\n}}")
+
+
+register(OpDef("Det", "kernel", _det_infer, emit=_det_emit))

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from aotc.errors import AotcError
 from aotc.ir.graph import Node
-from aotc.ops.common import norm_axis
+from aotc.ops.common import const_input, norm_axis
 from aotc.ops.registry import OpDef, register
 
 
@@ -59,9 +60,19 @@ def _softmax_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> st
 
 register(OpDef("Softmax", "kernel", _same, emit=_softmax_emit))
 register(OpDef("LogSoftmax", "kernel", _same, emit=_softmax_emit))
+def _dropout_infer(node: Node):
+    x = node.inputs[0]
+    assert x is not None
+    ratio = const_input(node, 1, "the ratio")
+    training = const_input(node, 2, "training_mode")
+    r = float(node.attr("ratio", 0.5) if ratio is None else ratio.reshape(-1)[0])
+    if training is not None and bool(training.reshape(-1)[0]) and r > 0:
+        raise AotcError(f"Dropout node {node.name!r}: training mode (random masks) is not supported")
+    return [(x.shape, x.dtype), (x.shape, np.dtype(np.bool_))]
+
+
 # Inference-mode dropout is the identity; the simplifier removes it.
-register(OpDef("Dropout", "alias", lambda n: [(n.inputs[0].shape, n.inputs[0].dtype),
-                                               (n.inputs[0].shape, np.dtype(np.bool_))]))
+register(OpDef("Dropout", "alias", _dropout_infer, const_inputs=(1, 2)))
 
 
 def _bn_infer(node: Node):
@@ -73,3 +84,170 @@ def _bn_infer(node: Node):
 # Inference-mode batch norm; the simplifier rewrites it into a per-channel scale and shift, which
 # then folds into a preceding MatMul/Conv or fuses into the surrounding loop.
 register(OpDef("BatchNormalization", "elementwise_rewrite", _bn_infer))
+
+
+# -- RMSNormalization: one row kernel (the other normalizations live in norm.py) --------------------
+def _rms_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
+    x, scale = node.inputs[0], node.inputs[1]
+    assert x is not None and scale is not None
+    rank = len(x.shape)
+    axis = norm_axis(node.attr("axis", -1), rank, node)
+    rows, n = int(np.prod(x.shape[:axis])), int(np.prod(x.shape[axis:]))
+    eps = float(node.attr("epsilon", 1e-5))
+    if scale.size == n and tuple(scale.shape[-(rank - axis):]) == tuple(x.shape[axis:]):
+        sc, table = f"{ins[1]}[j]", ""
+    else:  # the scale broadcasts against the normalized dims: an offset table
+        offs = np.broadcast_to(np.arange(scale.size).reshape(scale.shape), x.shape[axis:]).reshape(-1)
+        table = f"static const size_t soff[{max(n, 1)}] = {{{', '.join(map(str, offs)) or '0'}}};\n"
+        sc = f"{ins[1]}[soff[j]]"
+    return (table + f"for (size_t r = task; r < {rows}; r += ntasks) {{\n"
+            f"  const {ctype} *xr = {ins[0]} + r * {n};\n"
+            f"  {ctype} *yr = {outs[0]} + r * {n};\n"
+            f"  double s = 0;\n"
+            f"  for (size_t j = 0; j < {n}; j++) s += (double)xr[j] * xr[j];\n"
+            f"  const double inv = 1.0 / sqrt(s / {n} + {eps!r});\n"
+            f"  for (size_t j = 0; j < {n}; j++) yr[j] = ({ctype})(xr[j] * inv * {sc});\n}}")
+
+
+register(OpDef("RMSNormalization", "kernel", _same, emit=_rms_emit))
+
+
+# -- NegativeLogLikelihoodLoss / SoftmaxCrossEntropyLoss: one sequential kernel ------------------------
+def _loss_infer(node: Node):
+    x, target = node.inputs[0], node.inputs[1]
+    assert x is not None and target is not None
+    shape = target.shape if node.attr("reduction", "mean") == "none" else ()
+    res = [(shape, x.dtype)]
+    if len(node.outputs) > 1:  # SoftmaxCrossEntropyLoss's log_prob
+        res.append((x.shape, x.dtype))
+    return res
+
+
+def _loss_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
+    x = node.inputs[0]
+    assert x is not None
+    n, c = x.shape[0], x.shape[1]
+    d = int(np.prod(x.shape[2:]))
+    has_w = len(node.inputs) > 2 and node.inputs[2] is not None
+    ign = node.attr("ignore_index")
+    red = node.attr("reduction", "mean")
+    sce = node.op == "SoftmaxCrossEntropyLoss"
+    lp = outs[1] if len(outs) > 1 else None
+    lines = ["if (task != 0) return;", "double sl = 0, sw = 0;",
+             f"for (size_t i = 0; i < {n}; i++) for (size_t k = 0; k < {d}; k++) {{",
+             f"  const {ctype} *xr = {ins[0]} + i * {c * d} + k;",
+             "  double lse = 0;"]
+    if sce:  # log-softmax over the class axis, max-shifted
+        lines += ["  double m = -INFINITY, s = 0;",
+                  f"  for (size_t j = 0; j < {c}; j++) m = xr[j * {d}] > m ? xr[j * {d}] : m;",
+                  f"  for (size_t j = 0; j < {c}; j++) s += exp((double)xr[j * {d}] - m);",
+                  "  lse = m + log(s);"]
+        if lp:
+            lines.append(f"  for (size_t j = 0; j < {c}; j++) {lp}[i * {c * d} + j * {d} + k] = "
+                         f"({ctype})(xr[j * {d}] - lse);")
+    lines += [f"  int64_t t = (int64_t){ins[1]}[i * {d} + k];",
+              f"  const int ignored = {f't == INT64_C({int(ign)})' if ign is not None else '0'};",
+              f"  t = t < 0 ? 0 : (t >= {c} ? {c - 1} : t);",
+              f"  const double w = ignored ? 0 : {f'(double){ins[2]}[t]' if has_w else '1'};",
+              f"  const double l = ignored ? 0 : -((double)xr[t * {d}] - lse) * w;"]
+    if red == "none":
+        lines.append(f"  {outs[0]}[i * {d} + k] = ({ctype})l;")
+    lines += ["  sl += l; sw += w;", "}"]
+    if red == "mean":
+        lines.append(f"{outs[0]}[0] = ({ctype})(sl / sw);")
+    elif red == "sum":
+        lines.append(f"{outs[0]}[0] = ({ctype})sl;")
+    else:
+        lines.append("(void)sl; (void)sw;")
+    return "\n".join(lines)
+
+
+register(OpDef("NegativeLogLikelihoodLoss", "kernel", _loss_infer, emit=_loss_emit))
+register(OpDef("SoftmaxCrossEntropyLoss", "kernel", _loss_infer, emit=_loss_emit))
+
+
+# -- LpNormalization, LRN ------------------------------------------------------------------------------
+def _lpnorm_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
+    x = node.inputs[0]
+    assert x is not None
+    rank = len(x.shape)
+    axis = norm_axis(node.attr("axis", -1), rank, node)
+    outer, n, inner = int(np.prod(x.shape[:axis])), x.shape[axis], int(np.prod(x.shape[axis + 1:]))
+    p = int(node.attr("p", 2))
+    acc = "fabs((double)v)" if p == 1 else "(double)v * v"
+    norm = "s" if p == 1 else "sqrt(s)"
+    return (f"for (size_t r = task; r < {outer * inner}; r += ntasks) {{\n"
+            f"  const size_t o = r / {max(inner, 1)}, k = r % {max(inner, 1)};\n"
+            f"  const {ctype} *xr = {ins[0]} + o * {n * inner} + k;\n"
+            f"  {ctype} *yr = {outs[0]} + o * {n * inner} + k;\n"
+            f"  double s = 0;\n"
+            f"  for (size_t i = 0; i < {n}; i++) {{ const {ctype} v = xr[i * {inner}]; s += {acc}; }}\n"
+            f"  const double nrm = {norm};\n"
+            f"  for (size_t i = 0; i < {n}; i++)\n"
+            f"    yr[i * {inner}] = nrm == 0 ? 0 : ({ctype})(xr[i * {inner}] / nrm);\n}}")
+
+
+register(OpDef("LpNormalization", "kernel", _same, emit=_lpnorm_emit))
+
+
+def _lrn_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
+    x = node.inputs[0]
+    assert x is not None
+    n, c = x.shape[0], x.shape[1]
+    inner = int(np.prod(x.shape[2:]))
+    size = int(node.attr("size"))
+    lo, hi = (size - 1) // 2, -(-(size - 1) // 2)
+    alpha, beta, bias = (float(node.attr(k, d)) for k, d in (("alpha", 1e-4), ("beta", 0.75), ("bias", 1.0)))
+    return (f"for (size_t r = task; r < {n * c * inner}; r += ntasks) {{\n"
+            f"  const size_t b = r / {c * inner}, ch = (r / {max(inner, 1)}) % {c}, k = r % {max(inner, 1)};\n"
+            f"  const size_t c0 = ch >= {lo} ? ch - {lo} : 0, c1 = ch + {hi} < {c} ? ch + {hi} : {c - 1};\n"
+            f"  double s = 0;\n"
+            f"  for (size_t j = c0; j <= c1; j++) {{\n"
+            f"    const double v = {ins[0]}[(b * {c} + j) * {inner} + k]; s += v * v;\n  }}\n"
+            f"  {outs[0]}[r] = ({ctype})({ins[0]}[r] / pow({bias!r} + {alpha / size!r} * s, {beta!r}));\n}}")
+
+
+register(OpDef("LRN", "kernel", _same, emit=_lrn_emit))
+
+
+# -- RotaryEmbedding: rotate pairs of each head's first rotary_embedding_dim features ----------------------
+def _rope_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
+    x = node.inputs[0]
+    assert x is not None
+    has_pos = len(node.inputs) > 3 and node.inputs[3] is not None
+    if len(x.shape) == 4:  # (B, H, S, D)
+        b, h, s, d = x.shape
+        at = "((bi * {h} + hi) * {s} + si) * {d}"
+    else:  # (B, S, H * D)
+        b, s, hd = x.shape
+        h = int(node.attr("num_heads"))
+        d = hd // h
+        at = "((bi * {s} + si) * {h} + hi) * {d}"
+    at = at.format(h=h, s=s, d=d)
+    rot = int(node.attr("rotary_embedding_dim", 0)) or d
+    half = rot // 2
+    # Row of the caches: position_ids[b, s] when given, else the caches are (B, S, half).
+    if has_pos:  # clamped: a bad position must not read outside the caches
+        rows = node.inputs[1].shape[0]
+        p = f"(int64_t){ins[3]}[bi * {s} + si]"
+        row = f"(size_t)({p} < 0 ? 0 : ({p} >= {rows} ? {rows - 1} : {p}))"
+    else:
+        row = f"(bi * {s} + si)"
+    if node.attr("interleaved", 0):
+        i1, i2 = "2 * j", "2 * j + 1"
+    else:
+        i1, i2 = "j", f"j + {half}"
+    return (f"for (size_t r = task; r < {b * h * s}; r += ntasks) {{\n"
+            f"  const size_t bi = r / {h * s}, hi = (r / {s}) % {h}, si = r % {s};\n"
+            f"  const {ctype} *xr = {ins[0]} + {at};\n"
+            f"  {ctype} *yr = {outs[0]} + {at};\n"
+            f"  const {ctype} *cr = {ins[1]} + {row} * {half}, *sr = {ins[2]} + {row} * {half};\n"
+            f"  for (size_t j = 0; j < {half}; j++) {{\n"
+            f"    const {ctype} a = xr[{i1}], c = xr[{i2}];\n"
+            f"    yr[{i1}] = cr[j] * a - sr[j] * c;\n"
+            f"    yr[{i2}] = sr[j] * a + cr[j] * c;\n"
+            f"  }}\n"
+            f"  for (size_t j = {rot}; j < {d}; j++) yr[j] = xr[j];\n}}")
+
+
+register(OpDef("RotaryEmbedding", "kernel", _same, emit=_rope_emit))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from aotc.errors import AotcError
 from aotc.ir import dtypes
@@ -31,7 +31,9 @@ def evaluate(node: Node, args: list[np.ndarray | None], opset: int) -> list[np.n
 
     in_names = [f"i{k}" if a is not None else "" for k, a in enumerate(args)]
     out_names = [f"o{k}" for k in range(len(node.outputs))]
-    attrs = {k: v for k, v in node.attrs.items() if not k.startswith("_")}
+    # Tensor attributes are numpy arrays in the IR; make_node wants TensorProtos.
+    attrs = {k: numpy_helper.from_array(v) if isinstance(v, np.ndarray) else v
+             for k, v in node.attrs.items() if not k.startswith("_")}
     proto = helper.make_node(node.op, in_names, out_names, **attrs)
     graph = helper.make_graph(
         [proto], "fold",
@@ -56,7 +58,16 @@ def propagate(graph: Graph) -> bool:
     changed = False
     kept: list[Node] = []
     for node in graph.nodes:
+        if node.op == "CastLike":  # only the second operand's dtype matters: a Cast, not a read
+            like = node.inputs[1]
+            assert like is not None and like.dtype is not None
+            node.op, node.inputs = "Cast", node.inputs[:1]
+            node.attrs["to"] = dtypes.onnx_type(like.dtype)
+        if node.op in ("QuantizeLinear", "DequantizeLinear"):
+            _per_axis(node)
         op = OPS[node.op]
+        if node.attr("_opset", 7) < 7 and op.kind == "elementwise":
+            _legacy_broadcast(node)
         ins = [v for v in node.inputs if v is not None]
         if all(v.is_const for v in ins) or op.kind == "static":
             args = [None if v is None else v.const for v in node.inputs]
@@ -84,12 +95,54 @@ def propagate(graph: Graph) -> bool:
     return changed
 
 
+def _per_axis(node: Node) -> None:
+    """A per-axis scale/zero point is 1-D along ``axis``: reshape the constants so that numpy
+    broadcasting lines them up with that axis."""
+    x = node.inputs[0]
+    assert x is not None and x.shape is not None
+    if node.attr("block_size", 0):
+        raise AotcError(f"{node.op} node {node.name!r}: blocked quantization is not supported")
+    rank = len(x.shape)
+    axis = int(node.attr("axis", 1))
+    axis = axis + rank if axis < 0 else axis
+    for i in (1, 2):
+        v = node.inputs[i] if i < len(node.inputs) else None
+        if v is None or v.shape is None or len(v.shape) != 1 or v.shape[0] == 1 or rank < 2:
+            continue
+        if not v.is_const:
+            raise AotcError(f"{node.op} node {node.name!r}: a per-axis scale must be a constant")
+        node.inputs[i] = Graph.constant(v.const.reshape(-1, *([1] * (rank - axis - 1))), f"{v.name}_axis")
+
+
+def _legacy_broadcast(node: Node) -> None:
+    """Opset < 7 binary ops align B with A at ``axis`` (B of shape (C,) with axis=1 against NCHW
+    means C is dimension 1): reshape a constant B so numpy broadcasting says the same."""
+    if len(node.inputs) != 2 or not (node.op == "PRelu" or ("axis" in node.attrs and node.attr("broadcast"))):
+        return
+    a, b = node.inputs[0], node.inputs[1]
+    assert a is not None and b is not None and a.shape is not None and b.shape is not None
+    # PRelu before opset 7: a 1-D slope is per channel (dimension 1).
+    axis = int(node.attrs.pop("axis")) if node.op != "PRelu" else (1 if len(b.shape) == 1 and len(a.shape) > 1
+                                                                   and b.shape[0] == a.shape[1] else 0)
+    if node.op == "PRelu" and axis == 0:
+        return
+    axis = axis + len(a.shape) if axis < 0 else axis
+    pad = len(a.shape) - axis - len(b.shape)
+    if pad <= 0:
+        return
+    if not b.is_const:
+        raise AotcError(f"{node.op} node {node.name!r}: legacy broadcast (axis) needs a constant operand")
+    node.inputs[1] = Graph.constant(b.const.reshape(*b.shape, *([1] * pad)), f"{b.name}_bcast")
+
+
 def _try_fold(node: Node, args: list[np.ndarray | None], opset: int) -> list[np.ndarray] | None:
     try:
         results = evaluate(node, args, opset)
     except AotcError:
         raise
     except Exception as e:
+        if OPS[node.op].kind != "static":  # the op's own kernel computes it at run time instead
+            return None
         raise AotcError(f"{node.op} node {node.name!r}: cannot evaluate on constants: {e}") from None
     return [np.asarray(r, order="C") for r in results]
 
