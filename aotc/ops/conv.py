@@ -394,7 +394,10 @@ def _tiled_conv(g: Geometry, x: str, packed: str, y: str, isa: str, epi: Epilogu
     per_task = conv_scratch_floats(g, "tiled", isa)
     # Work units are (batch, group, spatial chunk, channel block), block fastest: a task sweeps every
     # channel block over one chunk of output positions while that chunk's input stays in L2.
-    chunk = max(R, min(OS, 32768 // max(1, cg * g.s[1] * g.s[2])) // R * R)
+    # Chunks of (nearly) equal size: a short last chunk would leave one task almost idle.
+    cap = max(R, min(OS, 65536 // max(1, cg * g.s[1] * g.s[2])) // R * R)
+    nch = -(-OS // cap)
+    chunk = -(-(-(-OS // nch)) // R) * R
     nch = -(-OS // chunk)
     units = g.n * g.group * nch * nb
     body = [f"const size_t blk = t % {nb}, ch = t / {nb} % {nch}, grp = t / {nb * nch} % {g.group}, "
