@@ -4,27 +4,48 @@
 #ifndef AOTC_ROWS_H
 #define AOTC_ROWS_H
 #include <stddef.h>
+#include <stdint.h>
+#include <string.h>
 #include "aotc_math.h"
 
 #define AOTC_ROW_LANES 16
 
+/* GCC/Clang vector extensions for the max: without -ffast-math neither compiler vectorizes a float
+ * max reduction written as scalar C (measured 7x slower). One vector register wide. */
+#if defined(__AVX__)
+#define AOTC_ROW_VEC 8
+#else
+#define AOTC_ROW_VEC 4
+#endif
+typedef float aotc__rowvf __attribute__((vector_size(4 * AOTC_ROW_VEC)));
+typedef int32_t aotc__rowvi __attribute__((vector_size(4 * AOTC_ROW_VEC)));
+
+/* The max of a row; NaN if any element is NaN (as onnxruntime's softmax propagates it). */
 static inline float aotc_row_max(const float *restrict x, size_t n, size_t stride) {
-  float m[AOTC_ROW_LANES];
-  for (size_t l = 0; l < AOTC_ROW_LANES; l++) m[l] = -INFINITY;
+  float r = -INFINITY;
+  int nan = 0;
   size_t i = 0;
-  if (stride == 1)
-    for (; i + AOTC_ROW_LANES <= n; i += AOTC_ROW_LANES)
-      for (size_t l = 0; l < AOTC_ROW_LANES; l++) {
-        float v = x[i + l];
-        m[l] = (v > m[l] || v != v) ? v : m[l];
-      }
-  for (; i < n; i++) {
-    float v = x[i * stride];
-    m[0] = (v > m[0] || v != v) ? v : m[0];
+  if (stride == 1 && n >= AOTC_ROW_VEC) {
+    aotc__rowvf m, v;
+    memcpy(&m, x, sizeof m);
+    aotc__rowvi isnan = m != m;
+    for (i = AOTC_ROW_VEC; i + AOTC_ROW_VEC <= n; i += AOTC_ROW_VEC) {
+      memcpy(&v, x + i, sizeof v);
+      const aotc__rowvi gt = v > m;
+      m = (aotc__rowvf)((gt & (aotc__rowvi)v) | (~gt & (aotc__rowvi)m));
+      isnan |= v != v;
+    }
+    for (int l = 0; l < AOTC_ROW_VEC; l++) {
+      r = m[l] > r ? m[l] : r;
+      nan |= isnan[l];
+    }
   }
-  for (size_t w = AOTC_ROW_LANES / 2; w > 0; w /= 2)
-    for (size_t l = 0; l < w; l++) m[l] = (m[l + w] > m[l] || m[l + w] != m[l + w]) ? m[l + w] : m[l];
-  return m[0];
+  for (; i < n; i++) {
+    const float v = x[i * stride];
+    r = v > r ? v : r;
+    nan |= v != v;
+  }
+  return nan ? NAN : r;
 }
 
 /* y = exp(x - max) and returns the sum of y. */
