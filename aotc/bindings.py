@@ -140,9 +140,23 @@ class CompiledModel:
             a = np.zeros(1, np.uint8)
         return self._ffi.cast("void *", self._ffi.from_buffer(a))
 
-    def _call(self, fn, feeds: Mapping[str, object] | Sequence[object], *extra) -> list[np.ndarray]:
+    def _outputs(self, out: Sequence[np.ndarray] | None) -> list[np.ndarray]:
+        if out is None:
+            return [np.empty(t.shape, t.dtype) for t in self.outputs]
+        out = list(out)
+        if len(out) != len(self.outputs):
+            raise ValueError(f"{self.name}: out must hold {len(self.outputs)} arrays, got {len(out)}")
+        for t, o in zip(self.outputs, out, strict=True):
+            if not isinstance(o, np.ndarray) or o.dtype != t.dtype or o.shape != t.shape \
+                    or not o.flags.c_contiguous or not o.flags.writeable:
+                raise ValueError(f"{self.name}: out for {t.name!r} must be a writable C-contiguous "
+                                 f"{t.dtype} array of shape {list(t.shape)}")
+        return out
+
+    def _call(self, fn, feeds: Mapping[str, object] | Sequence[object], *extra,
+              out: Sequence[np.ndarray] | None = None) -> list[np.ndarray]:
         arrays = self._check(feeds)
-        outs = [np.empty(t.shape, t.dtype) for t in self.outputs]
+        outs = self._outputs(out)
         keep = [*arrays, *outs]  # noqa: F841 - buffers must outlive the call
         ins_c = self._ffi.new("void *[]", [self._ptr(a) for a in arrays] or [self._ffi.NULL])
         outs_c = self._ffi.new("void *[]", [self._ptr(a) for a in outs] or [self._ffi.NULL])
@@ -154,8 +168,11 @@ class CompiledModel:
             raise RuntimeError(f"{self.name}_run failed with code {rc}")
         return outs
 
-    def run(self, feeds: Mapping[str, object] | Sequence[object]) -> list[np.ndarray]:
-        return self._call(self._run, feeds)
+    def run(self, feeds: Mapping[str, object] | Sequence[object],
+            out: Sequence[np.ndarray] | None = None) -> list[np.ndarray]:
+        """The outputs in fetch order. ``out``: arrays to write them into (reused buffers avoid the
+        page faults of fresh large allocations on every call)."""
+        return self._call(self._run, feeds, out=out)
 
     def profile(self, feeds: Mapping[str, object] | Sequence[object], iterations: int = 10,
                 trace: str | Path | None = None, warmup: int = 1) -> Profile:

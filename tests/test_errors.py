@@ -92,6 +92,14 @@ def test_wrong_feeds_at_run_time(tmp_path):
     # Non-contiguous input: handled by copying.
     big = np.ones((2, 8), np.float32)
     np.testing.assert_array_equal(m.run({"x": big[:, ::2]})[0], m.run({"x": x})[0])
+    # Caller-supplied output buffers are filled in place; wrong ones are refused before the call.
+    buf = np.full((2, 3), np.nan, np.float32)
+    (y,) = m.run({"x": x}, out=[buf])
+    assert y is buf and np.array_equal(buf, m.run({"x": x})[0])
+    for bad in ([np.empty((3, 2), np.float32)], [np.empty((2, 3), np.float64)],
+                [np.empty((3, 2), np.float32).T], [buf, buf]):
+        with pytest.raises(ValueError, match="out"):
+            m.run({"x": x}, out=bad)
     np.save(tmp_path / "x.npy", x.astype(np.float64))
     _assert_one_line_error(_cli("run", str(tmp_path / "m"), "--input", f"x={tmp_path / 'x.npy'}"), "float32")
     _assert_one_line_error(_cli("run", str(tmp_path / "nothing")), "no compiled model")

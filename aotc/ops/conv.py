@@ -397,7 +397,8 @@ def _tiled_conv(g: Geometry, x: str, packed: str, y: str, isa: str, epi: Epilogu
     # Chunks of (nearly) equal size: a short last chunk would leave one task almost idle.
     cap = max(R, min(OS, 65536 // max(1, cg * g.s[1] * g.s[2])) // R * R)
     nch = -(-OS // cap)
-    chunk = -(-(-(-OS // nch)) // R) * R
+    per_chunk = -(-OS // nch)
+    chunk = -(-per_chunk // R) * R
     nch = -(-OS // chunk)
     units = g.n * g.group * nch * nb
     body = [f"const size_t blk = t % {nb}, ch = t / {nb} % {nch}, grp = t / {nb * nch} % {g.group}, "
