@@ -35,7 +35,7 @@ def _params():
             yield pytest.param(arch, opset, dynamo, marks=marks, id=f"{arch}-{eid}")
 
 
-@pytest.mark.parametrize("arch,opset,dynamo", _params())
+@pytest.mark.parametrize("arch,opset,dynamo", list(_params()))
 def test_real_model(arch: str, opset: int, dynamo: bool, tmp_path) -> None:
     r = evaluate(arch, opset, dynamo, tmp_path, raise_errors=True)
     assert r.ok, f"{arch} {r.export}: max abs error {r.max_abs:.3g}, max rel {r.max_rel:.3g} (tol 1e-3)"
