@@ -206,3 +206,86 @@ def compare(case: Case, out_dir: str | Path, name: str = "t") -> None:
     got = run_aotc(model, feeds, out_dir, name)
     for o, g, w in zip(case.outputs, got, want, strict=True):
         assert_close(g, w, case.rtol, case.atol, f"{case.id}:{o}")
+
+
+def chunk_groups(cases: Sequence[Case], size: int) -> dict[str, list[Case]]:
+    """Split each ``case.group`` into chunks of at most ``size`` cases; renames the groups to the chunks."""
+    by: dict[str, list[Case]] = {}
+    for c in cases:
+        by.setdefault(c.group or c.id, []).append(c)
+    chunks: dict[str, list[Case]] = {}
+    for key, members in by.items():
+        for j in range(0, len(members), size):
+            for c in members[j:j + size]:
+                c.group = f"{key}#{j // size}"
+            chunks[f"{key}#{j // size}"] = members[j:j + size]
+    return chunks
+
+
+@dataclass
+class Outcome:
+    got: list[np.ndarray] | Exception
+    want: list[np.ndarray] | None
+    kernels: list[list[str]] = field(default_factory=list)   # each kernel's ops
+
+
+class GroupRunner:
+    """Compiles each group of cases as one model, once, and keeps every case's outcome. Expected values
+    come from ``case.reference`` or else onnxruntime. When a group fails to compile, its cases are
+    compiled one by one, so that only the faulty case fails."""
+
+    def __init__(self, tmp_factory, groups: dict[str, list[Case]]) -> None:
+        self.tmp_factory = tmp_factory
+        self.groups = groups
+        self.results: dict[str, Outcome] = {}
+        self.counter = 0
+
+    def _compile_run(self, cases: list[Case]) -> None:
+        import aotc
+        from aotc.compiler import compile_model
+
+        model, maps = build_model(cases)
+        local = [make_feeds(c) for c in cases]
+        want: dict[str, list[np.ndarray]] = {}
+        by_ort = [i for i, c in enumerate(cases) if c.reference is None]
+        if by_ort:
+            ort_model, ort_maps = build_model([cases[i] for i in by_ort])
+            outs = iter(run_ort(ort_model, {names[k]: v for i, names in zip(by_ort, ort_maps, strict=True)
+                                            for k, v in local[i].items()}))
+            for i in by_ort:
+                want[cases[i].id] = [next(outs) for _ in cases[i].outputs]
+        for c, lf in zip(cases, local, strict=True):
+            if c.reference is not None:
+                want[c.id] = [np.asarray(r) for r in c.reference(lf)]
+        self.counter += 1
+        result = compile_model(model, self.tmp_factory.mktemp(f"g{self.counter}"), "t")
+        feeds = {names[k]: v for names, lf in zip(maps, local, strict=True) for k, v in lf.items()}
+        got = iter(aotc.load(result.prefix).run(feeds))
+        kernels = [k.ops for k in result.graph.kernels]
+        for c in cases:
+            self.results[c.id] = Outcome([next(got) for _ in c.outputs], want[c.id], kernels)
+
+    def get(self, case: Case) -> Outcome:
+        if case.id not in self.results:
+            cases = self.groups[case.group]
+            try:
+                self._compile_run(cases)
+            except Exception:
+                if len(cases) == 1:
+                    raise
+                for c in cases:
+                    try:
+                        self._compile_run([c])
+                    except Exception as e:  # noqa: BLE001 - re-raised by that case's test
+                        self.results[c.id] = Outcome(e, None)
+        return self.results[case.id]
+
+    def check(self, case: Case) -> Outcome:
+        """Run ``case`` (with its group) and assert every output is close to the expected one."""
+        out = self.get(case)
+        if isinstance(out.got, Exception):
+            raise out.got
+        assert out.want is not None
+        for name, g, w in zip(case.outputs, out.got, out.want, strict=True):
+            assert_close(g, w, case.rtol, case.atol, f"{case.id}:{name}")
+        return out

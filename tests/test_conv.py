@@ -7,13 +7,11 @@ kernel count of the compiled library too.
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import pytest
 from onnx import helper
 from onnx.reference import ReferenceEvaluator
-from onnx_helpers import Case, Inp, assert_close, build_model, make_feeds, run_ort, single
+from onnx_helpers import Case, GroupRunner, Inp, assert_close, build_model, chunk_groups, make_feeds, run_ort, single
 
 import aotc
 from aotc.compiler import compile_model
@@ -261,85 +259,22 @@ def _f64(c: Case) -> bool:
     return any(i.dtype == D for i in c.inputs.values())
 
 
-def _groups() -> dict[str, list[Case]]:
-    by: dict[str, list[Case]] = {}
-    for c in CASES:
-        by.setdefault(c.group, []).append(c)
-    chunks: dict[str, list[Case]] = {}
-    for key, cases in by.items():
-        if key == "fused":  # compiled one by one: the kernel count is per case
-            for c in cases:
-                c.group = c.id
-                chunks[c.id] = [c]
-            continue
-        for j in range(0, len(cases), GROUP_SIZE):
-            for c in cases[j:j + GROUP_SIZE]:
-                c.group = f"{key}#{j // GROUP_SIZE}"
-            chunks[f"{key}#{j // GROUP_SIZE}"] = cases[j:j + GROUP_SIZE]
-    return chunks
-
-
-GROUPS = _groups()
-
-
-class Runner:
-    """Compiles and runs a group once; per case: (aotc outputs | exception, ort outputs, kernel count)."""
-
-    def __init__(self, tmp_factory) -> None:
-        self.tmp_factory = tmp_factory
-        self.results: dict[str, tuple] = {}
-        self.counter = itertools.count()
-
-    def _compile_run(self, cases: list[Case]) -> None:
-        model, maps = build_model(cases)
-        local = [make_feeds(c) for c in cases]
-        feeds = {names[k]: v for names, lf in zip(maps, local, strict=True) for k, v in lf.items()}
-        want: dict[str, list[np.ndarray]] = {}
-        by_ort = [i for i, c in enumerate(cases) if not _f64(c)]
-        if by_ort:
-            ort_model, ort_maps = build_model([cases[i] for i in by_ort])
-            outs = iter(run_ort(ort_model, {names[k]: v for i, names in zip(by_ort, ort_maps, strict=True)
-                                            for k, v in local[i].items()}))
-            for i in by_ort:
-                want[cases[i].id] = [next(outs) for _ in cases[i].outputs]
-        for c, lf in zip(cases, local, strict=True):
-            if _f64(c):  # onnxruntime has no float64 Conv/pooling: onnx's reference implementation
-                want[c.id] = ReferenceEvaluator(build_model([c])[0]).run(None, lf)
-        out_dir = self.tmp_factory.mktemp(f"g{next(self.counter)}")
-        result = compile_model(model, out_dir, "t")
-        got = iter(aotc.load(result.prefix).run(feeds))
-        for c in cases:
-            self.results[c.id] = ([next(got) for _ in c.outputs], want[c.id],
-                                  [k.ops for k in result.graph.kernels])
-
-    def get(self, case: Case) -> tuple:
-        if case.id not in self.results:
-            cases = GROUPS[case.group]
-            try:
-                self._compile_run(cases)
-            except Exception:
-                if len(cases) == 1:
-                    raise
-                for c in cases:
-                    try:
-                        self._compile_run([c])
-                    except Exception as e:  # noqa: BLE001 - re-raised by that case's test
-                        self.results[c.id] = (e, None, [])
-        return self.results[case.id]
+for _c in CASES:
+    if _f64(_c):  # onnxruntime has no float64 Conv/pooling: onnx's reference implementation
+        _c.reference = (lambda c: lambda feeds: ReferenceEvaluator(build_model([c])[0]).run(None, feeds))(_c)
+    if _c.group == "fused":  # compiled one by one: the kernel count is per case
+        _c.group = _c.id
+GROUPS = chunk_groups(CASES, GROUP_SIZE)
 
 
 @pytest.fixture(scope="module")
-def runner(tmp_path_factory) -> Runner:
-    return Runner(tmp_path_factory)
+def runner(tmp_path_factory) -> GroupRunner:
+    return GroupRunner(tmp_path_factory, GROUPS)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_conv_op(case: Case, runner: Runner) -> None:
-    got, want, kernels = runner.get(case)
-    if isinstance(got, Exception):
-        raise got
-    for name, g, wv in zip(case.outputs, got, want, strict=True):
-        assert_close(g, wv, case.rtol, case.atol, f"{case.id}:{name}")
+def test_conv_op(case: Case, runner: GroupRunner) -> None:
+    kernels = runner.check(case).kernels
     if case.id in KERNELS:
         assert len(kernels) == KERNELS[case.id], f"{case.id}: kernels {kernels}"
     if case.id in KERNEL_OPS:

@@ -8,13 +8,12 @@ are compiled one by one so that only the faulty case fails. Cases marked xfail c
 
 from __future__ import annotations
 
-import itertools
 import math
 
 import numpy as np
 import pytest
 from onnx import helper
-from onnx_helpers import Case, Inp, assert_close, build_model, make_feeds, run_aotc, run_ort, single
+from onnx_helpers import Case, GroupRunner, Inp, chunk_groups, single
 
 pytest.importorskip("onnxruntime")
 
@@ -815,76 +814,14 @@ _ids = [c.id for c in CASES]
 assert len(_ids) == len(set(_ids)), "duplicate case ids"
 
 
-def _groups() -> dict[str, list[Case]]:
-    by: dict[str, list[Case]] = {}
-    for c in CASES:
-        by.setdefault(c.group, []).append(c)
-    chunks: dict[str, list[Case]] = {}
-    for key, cases in by.items():
-        for j in range(0, len(cases), GROUP_SIZE):
-            for c in cases[j:j + GROUP_SIZE]:
-                c.group = f"{key}#{j // GROUP_SIZE}"
-            chunks[f"{key}#{j // GROUP_SIZE}"] = cases[j:j + GROUP_SIZE]
-    return chunks
-
-
-GROUPS = _groups()
-
-
-class Runner:
-    """Compiles and runs a group of cases once; returns per case (aotc outputs | exception, ort outputs)."""
-
-    def __init__(self, tmp_factory) -> None:
-        self.tmp_factory = tmp_factory
-        self.results: dict[str, tuple] = {}
-        self.counter = itertools.count()
-
-    def _compile_run(self, cases: list[Case]) -> None:
-        model, maps = build_model(cases)
-        local = [make_feeds(c) for c in cases]
-        feeds = {names[k]: v for names, lf in zip(maps, local, strict=True) for k, v in lf.items()}
-        want: dict[str, list[np.ndarray]] = {}
-        by_ort = [i for i, c in enumerate(cases) if c.reference is None]
-        if by_ort:  # onnxruntime gets the cases that have no numpy reference
-            ort_model, ort_maps = build_model([cases[i] for i in by_ort])
-            ort_feeds = {names[k]: v for i, names in zip(by_ort, ort_maps, strict=True)
-                         for k, v in local[i].items()}
-            outs = iter(run_ort(ort_model, ort_feeds))
-            for i in by_ort:
-                want[cases[i].id] = [next(outs) for _ in cases[i].outputs]
-        for c, lf in zip(cases, local, strict=True):
-            if c.reference is not None:
-                want[c.id] = [np.asarray(r) for r in c.reference(lf)]
-        out_dir = self.tmp_factory.mktemp(f"g{next(self.counter)}")
-        got = iter(run_aotc(model, feeds, out_dir, "t"))
-        for c in cases:
-            self.results[c.id] = ([next(got) for _ in c.outputs], want[c.id])
-
-    def get(self, case: Case) -> tuple:
-        if case.id not in self.results:
-            cases = GROUPS[case.group]
-            try:
-                self._compile_run(cases)
-            except Exception:
-                if len(cases) == 1:
-                    raise
-                for c in cases:  # isolate the faulty case(s)
-                    try:
-                        self._compile_run([c])
-                    except Exception as e:  # noqa: BLE001 - re-raised by that case's test
-                        self.results[c.id] = (e, None)
-        return self.results[case.id]
+GROUPS = chunk_groups(CASES, GROUP_SIZE)
 
 
 @pytest.fixture(scope="module")
-def runner(tmp_path_factory) -> Runner:
-    return Runner(tmp_path_factory)
+def runner(tmp_path_factory) -> GroupRunner:
+    return GroupRunner(tmp_path_factory, GROUPS)
 
 
 @pytest.mark.parametrize("case", PARAMS)
-def test_op(case: Case, runner: Runner) -> None:
-    got, want = runner.get(case)
-    if isinstance(got, Exception):
-        raise got
-    for name, g, w in zip(case.outputs, got, want, strict=True):
-        assert_close(g, w, case.rtol, case.atol, f"{case.id}:{name}")
+def test_op(case: Case, runner: GroupRunner) -> None:
+    runner.check(case)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from onnx import helper
-from onnx_helpers import Case, Inp, assert_close, build_model, make_feeds, run_aotc, run_ort, single
+from onnx_helpers import Case, GroupRunner, Inp, chunk_groups, single
 
 pytest.importorskip("onnxruntime")
 
@@ -174,41 +174,17 @@ add("f16",
 )
 
 
+for _c in CASES:
+    _c.group = f"{_c.group}@{_c.opset}"
+GROUPS = chunk_groups(CASES, 64)
+
+
 @pytest.fixture(scope="module")
-def results(tmp_path_factory) -> dict:
-    return {}
-
-
-def _run_group(cases: list[Case], out_dir) -> dict:
-    model, maps = build_model(cases)
-    local = [make_feeds(c) for c in cases]
-    feeds = {names[k]: v for names, lf in zip(maps, local, strict=True) for k, v in lf.items()}
-    got = iter(run_aotc(model, feeds, out_dir, "t"))
-    got_per = {c.id: [next(got) for _ in c.outputs] for c in cases}
-    res = {}
-    by_ort = [c for c in cases if c.reference is None]
-    if by_ort:
-        ort_model, ort_maps = build_model(by_ort)
-        ort_feeds = {names[k]: v for c, names in zip(by_ort, ort_maps, strict=True)
-                     for k, v in local[cases.index(c)].items()}
-        want = iter(run_ort(ort_model, ort_feeds))
-        for c in by_ort:
-            res[c.id] = (got_per[c.id], [next(want) for _ in c.outputs])
-    for c, lf in zip(cases, local, strict=True):
-        if c.reference is not None:
-            res[c.id] = (got_per[c.id], c.reference(lf))
-    return res
+def runner(tmp_path_factory) -> GroupRunner:
+    return GroupRunner(tmp_path_factory, GROUPS)
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in CASES])
-def test_op(case: Case, results: dict, tmp_path_factory) -> None:
-    if case.id not in results:
-        group = [c for c in CASES if c.group == case.group and c.opset == case.opset]
-        try:
-            results.update(_run_group(group, tmp_path_factory.mktemp(case.group)))
-        except Exception:  # noqa: BLE001 - run alone, so that only the faulty case fails
-            results.update(_run_group([case], tmp_path_factory.mktemp(case.group)))
-    got, want = results[case.id]
-    for name, g, w in zip(case.outputs, got, want, strict=True):
-        assert_close(g, w, case.rtol, case.atol, f"{case.id}:{name}")
+def test_op(case: Case, runner: GroupRunner) -> None:
+    runner.check(case)
 
