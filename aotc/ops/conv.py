@@ -201,6 +201,12 @@ def _epi_block(epi: Epilogue | None, g: Geometry, s: str, indent: str = "") -> l
     return [indent + x for x in lines]
 
 
+# Each output is one chain of dependent FMAs (one per tap): unrolling lets the vectorized loop
+# overlap several chains. GCC unrolls the plain loop by itself but not once an epilogue (Clip) is in
+# it, which made a depthwise conv + Clip 1.6x slower.
+UNROLL = "#pragma GCC unroll 4"
+
+
 def _task_loop(total: int, inner: str) -> str:
     """Tasks take contiguous ranges of work units (every unit is computed the same way)."""
     return (f"for (size_t t = (size_t){total} * task / ntasks; t < (size_t){total} * (task + 1) / ntasks; t++) {{\n"
@@ -616,8 +622,10 @@ def _depthwise_phase(g: Geometry, x: str, w: str, b: str | None, y: str, isa: st
              f"if (t == t0 || c % {mg} == 0) {{", *("  " + ln for ln in copy), "}",
              f"const float *wc = {w} + c * {g.taps};",
              *[f"const float w{i} = wc[{i}];" for i in range(g.taps)],
+             f"const float bias_c = {f'{b}[c]' if b else '0.0f'};",
+             UNROLL,
              f"for (size_t q = 0; q < {nq}; q++) {{",
-             f"  float v = {f'{b}[c]' if b else '0.0f'};"]
+             "  float v = bias_c;"]
     i = 0
     for kh in range(g.k[1]):
         for kw in range(g.k[2]):
@@ -675,8 +683,10 @@ def _depthwise_conv(g: Geometry, x: str, w: str, b: str | None, y: str, isa: str
             f"        const ptrdiff_t iw = w0 + kw * {g.d[2]}; if (iw < 0 || iw >= {IW}) continue;",
             f"        {acc(f'wc[(kd * {g.k[1]} + kh) * {g.k[2]} + kw]', f'xc[(id * {IH} + ih) * {IW} + iw]')}",
             "      }", "    }", "  }", "  return v;", "}"]
-    bias = f"{b}[c]" if b else "0.0f"
+    # Read once into a local: inside the row loop GCC cannot tell the bias from the output row.
+    bias = "bias_c"
     lines = [f"const size_t n = t / {g.m}, c = t % {g.m}, grp = c / {mg};",
+             f"const float bias_c = {f'{b}[c]' if b else '0.0f'};",
              *src,
              f"const float *wc = {w} + c * {g.taps};",
              *[f"const float w{i} = wc[{i}];" for i in range(g.taps)],
@@ -698,6 +708,7 @@ def _depthwise_conv(g: Geometry, x: str, w: str, b: str | None, y: str, isa: str
              "  }",
              "  if (!full) continue;",
              "  const float *restrict xr = xc + ((size_t)d0 * " + str(IH) + " + (size_t)h0) * " + str(IW) + ";",
+             "  " + UNROLL,
              f"  for (size_t ow = {owa}; ow < {owb}; ow++) {{",
              f"    float v = {bias};"]
     i = 0
