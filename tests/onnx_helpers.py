@@ -59,6 +59,23 @@ class Case:
     reference: Callable[[dict[str, np.ndarray]], list[np.ndarray]] | None = None
 
 
+def i64(*v: int) -> np.ndarray:
+    return np.array(v, dtype=np.int64)
+
+
+def f32(*v: float) -> np.ndarray:
+    return np.array(v, dtype=np.float32)
+
+
+def add_cases(registry: list[Case], section: str, *cases: Case) -> None:
+    """Append ``cases`` to ``registry`` with ids prefixed by ``section``, grouped by section unless
+    a case names its own group."""
+    for c in cases:
+        c.id = f"{section}-{c.id}"
+        c.group = c.group or section
+        registry.append(c)
+
+
 def single(case_id: str, op: str, args: Sequence[Inp | np.ndarray | None], attrs: dict | None = None,
            n_out: int = 1, **kw) -> Case:
     """One ``op`` node. ``args``: an Inp is a graph input, an array a constant initializer, None an

@@ -11,7 +11,18 @@ import numpy as np
 import pytest
 from onnx import helper
 from onnx.reference import ReferenceEvaluator
-from onnx_helpers import Case, GroupRunner, Inp, assert_close, build_model, chunk_groups, make_feeds, run_ort, single
+from onnx_helpers import (
+    Case,
+    GroupRunner,
+    Inp,
+    add_cases,
+    assert_close,
+    build_model,
+    chunk_groups,
+    make_feeds,
+    run_ort,
+    single,
+)
 
 import aotc
 from aotc.compiler import compile_model
@@ -34,10 +45,7 @@ def tol(k: int) -> dict:
 
 
 def add(section: str, *cases: Case) -> None:
-    for c in cases:
-        c.id = f"{section}-{c.id}"
-        c.group = c.group or section
-        CASES.append(c)
+    add_cases(CASES, section, *cases)
 
 
 # -- Conv ------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import math
 import numpy as np
 import pytest
 from onnx import helper
-from onnx_helpers import Case, GroupRunner, Inp, chunk_groups, single
+from onnx_helpers import Case, GroupRunner, Inp, add_cases, chunk_groups, f32, i64, single
 
 pytest.importorskip("onnxruntime")
 
@@ -31,22 +31,11 @@ def node(op: str, ins: list[str], outs: list[str], **attrs) -> object:
     return helper.make_node(op, ins, outs, **attrs)
 
 
-def i64(*v: int) -> np.ndarray:
-    return np.array(v, dtype=np.int64)
-
-
-def f32(*v: float) -> np.ndarray:
-    return np.array(v, dtype=np.float32)
-
-
 CASES: list[Case] = []
 
 
 def add(section: str, *cases: Case) -> None:
-    for c in cases:
-        c.id = f"{section}-{c.id}"
-        c.group = c.group or section
-        CASES.append(c)
+    add_cases(CASES, section, *cases)
 
 
 # -- MatMul ------------------------------------------------------------------------------------------

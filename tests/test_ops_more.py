@@ -7,29 +7,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from onnx import helper
-from onnx_helpers import Case, GroupRunner, Inp, chunk_groups, single
+from onnx_helpers import Case, GroupRunner, Inp, add_cases, chunk_groups, f32, i64, single
 
 pytest.importorskip("onnxruntime")
 
 F, I64, I32, B = "float32", "int64", "int32", "bool"
 
 
-def i64(*v: int) -> np.ndarray:
-    return np.array(v, dtype=np.int64)
-
-
-def f32(*v: float) -> np.ndarray:
-    return np.array(v, dtype=np.float32)
-
-
 CASES: list[Case] = []
 
 
 def add(section: str, *cases: Case) -> None:
-    for c in cases:
-        c.id = f"{section}-{c.id}"
-        c.group = section
-        CASES.append(c)
+    add_cases(CASES, section, *cases)
 
 
 add("elementwise",

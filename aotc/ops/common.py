@@ -72,3 +72,15 @@ def highest(ctype: str) -> str:
             "int32_t": "INT32_MAX", "int16_t": "INT16_MAX", "int8_t": "INT8_MAX", "uint8_t": "UINT8_MAX",
             "uint16_t": "UINT16_MAX", "uint32_t": "UINT32_MAX", "uint64_t": "UINT64_MAX",
             "_Bool": "1"}[ctype]
+
+
+def axis_layout(shape: tuple[int, ...], axis: int) -> tuple[int, int, int]:
+    """(outer, n, inner): a loop over ``axis`` visits n elements spaced ``inner`` apart."""
+    return int(np.prod(shape[:axis])), shape[axis], int(np.prod(shape[axis + 1:]))
+
+
+def row_loop_head(outer: int, inner: int) -> str:
+    """Opens a kernel loop over the (outer, inner) rows of an axis_layout, split over tasks; the row
+    starts at ``o * n * inner + k``. The caller closes the brace."""
+    return (f"for (size_t r = task; r < {outer * inner}; r += ntasks) {{\n"
+            f"  const size_t o = r / {max(inner, 1)}, k = r % {max(inner, 1)};\n")

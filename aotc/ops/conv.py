@@ -756,12 +756,6 @@ def conv_kernel(node: Node, x: str, w: str, b: str | None, y: str, isa: str, fn:
     return "", _generic_conv(g, x, w, b, y, dtypes.c_type(node.outputs[0].dtype), epi)
 
 
-def _conv_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
-    """Plain (generic-path) emission, used when the fusion pass does not make a conv kernel."""
-    g = geometry(node)
-    return _generic_conv(g, ins[0], ins[1], ins[2] if len(ins) > 2 else None, outs[0], ctype, None)
-
-
 def _conv_transpose_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
     """Scatter form: every input element adds ``x * w`` to the outputs its taps reach."""
     g = geometry(node)
@@ -917,7 +911,8 @@ def _pool_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
     return _task_loop(g.n * g.c, "\n".join("  " + ln for ln in lines))
 
 
-register(OpDef("Conv", "kernel", _infer, emit=_conv_emit))
+# No emit: fusion makes every Conv a conv kernel (aotc/codegen/kernels.py, conv_kernel above).
+register(OpDef("Conv", "kernel", _infer))
 register(OpDef("ConvTranspose", "kernel", _infer, emit=_conv_transpose_emit))
 for _op in ("MaxPool", "AveragePool", "LpPool", "GlobalAveragePool", "GlobalMaxPool"):
     register(OpDef(_op, "kernel", _infer, emit=_pool_emit))

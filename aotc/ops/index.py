@@ -19,7 +19,7 @@ import numpy as np
 from aotc.errors import AotcError
 from aotc.ir import dtypes
 from aotc.ir.graph import Node
-from aotc.ops.common import c_literal, const_input, norm_axis
+from aotc.ops.common import axis_layout, c_literal, const_input, norm_axis, row_loop_head
 from aotc.ops.registry import OpDef, register
 
 Shape = tuple[int, ...]
@@ -464,16 +464,6 @@ register(OpDef("Upsample", "kernel", _resize_infer, emit=_resize_emit, const_inp
 
 
 # -- Arg{Max,Min}, CumSum/CumProd, TopK, Hardmax: per-row kernels over one axis -------------------------------
-def axis_layout(shape: Shape, axis: int) -> tuple[int, int, int]:
-    """(outer, n, inner) for a loop over ``axis``."""
-    return int(np.prod(shape[:axis])), shape[axis], int(np.prod(shape[axis + 1:]))
-
-
-def _row_head(outer: int, inner: int) -> str:
-    return (f"for (size_t r = task; r < {outer * inner}; r += ntasks) {{\n"
-            f"  const size_t o = r / {max(inner, 1)}, k = r % {max(inner, 1)};\n")
-
-
 def _arg_infer(node: Node):
     x = _in(node)
     axis = norm_axis(node.attr("axis", 0), len(x.shape), node)
@@ -491,7 +481,7 @@ def _arg_emit(node: Node, ins: list[str], outs: list[str], _ctype: str) -> str:
     if node.attr("select_last_index", 0):
         better += "="
     # NaN wins (the first one), as in numpy's argmax.
-    return (_row_head(outer, inner)
+    return (row_loop_head(outer, inner)
             + f"  const {t} *xr = {ins[0]} + o * {n * inner} + k;\n"
             f"  {t} best = xr[0]; int64_t bi = 0;\n"
             f"  for (size_t i = 1; i < {n}; i++) {{\n"
@@ -521,7 +511,7 @@ def _cum_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
     idx = f"({n - 1} - j)" if rev else "j"
     upd = f"y[{idx} * {inner}] = acc; acc = acc {op} x[{idx} * {inner}];" if excl else \
         f"acc = acc {op} x[{idx} * {inner}]; y[{idx} * {inner}] = acc;"
-    return (_row_head(outer, inner)
+    return (row_loop_head(outer, inner)
             + f"  const {ctype} *x = {ins[0]} + o * {n * inner} + k;\n"
             f"  {ctype} *y = {outs[0]} + o * {n * inner} + k;\n"
             f"  {ctype} acc = {init};\n"
@@ -558,7 +548,7 @@ def _topk_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
     # Insertion into a sorted list of k: ties keep the lower index first, as ONNX asks. ``sorted=0``
     # leaves the order unspecified, so the sorted order is fine there too.
     before = "v > bv[p - 1]" if node.attr("largest", 1) else "v < bv[p - 1]"
-    return (_row_head(outer, inner)
+    return (row_loop_head(outer, inner)
             + f"  const {ctype} *xr = {ins[0]} + o * {n * inner} + k;\n"
             f"  {ctype} bv[{k}]; int64_t bi[{k}]; size_t m = 0;\n"
             f"  for (size_t i = 0; i < {n}; i++) {{\n"
@@ -584,7 +574,7 @@ def _hardmax_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> st
         outer, n, inner = int(np.prod(x.shape[:axis])), int(np.prod(x.shape[axis:])), 1
     else:
         outer, n, inner = axis_layout(x.shape, norm_axis(node.attr("axis", -1), rank, node))
-    return (_row_head(outer, inner)
+    return (row_loop_head(outer, inner)
             + f"  const {ctype} *xr = {ins[0]} + o * {n * inner} + k;\n"
             f"  {ctype} *yr = {outs[0]} + o * {n * inner} + k;\n"
             f"  size_t bi = 0;\n"
@@ -646,6 +636,11 @@ def _gather_elements_emit(node: Node, ins: list[str], outs: list[str], ctype: st
 register(OpDef("GatherElements", "kernel", _gather_elements_infer, emit=_gather_elements_emit))
 
 
+# ScatterElements/ScatterND ``reduction``: the C statement that combines an update u into d.
+_SCATTER_UPDATE = {"none": "{d} = {u};", "add": "{d} += {u};", "mul": "{d} *= {u};",
+                   "max": "if ({u} > {d}) {d} = {u};", "min": "if ({u} < {d}) {d} = {u};"}
+
+
 def _scatter_elements_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
     x, idx = _in(node), _in(node, 1)
     axis = norm_axis(node.attr("axis", 0), len(x.shape), node)
@@ -653,8 +648,7 @@ def _scatter_elements_emit(node: Node, ins: list[str], outs: list[str], ctype: s
     pos[axis] = _fix_index(f"{ins[1]}[e]", x.shape[axis])
     off = " + ".join(f"(size_t){p} * {s}" for p, s in zip(pos, _strides(x.shape), strict=True))
     red = node.attr("reduction", "none")
-    upd = {"none": "{d} = {u};", "add": "{d} += {u};", "mul": "{d} *= {u};",
-           "max": "if ({u} > {d}) {d} = {u};", "min": "if ({u} < {d}) {d} = {u};"}[red]
+    upd = _SCATTER_UPDATE[red]
     # Sequential: later updates win, like the reference; one task does it all.
     return (f"if (task != 0) return;\n"
             f"memcpy({outs[0]}, {ins[0]}, {x.size} * sizeof({ctype}));\n"
@@ -699,8 +693,7 @@ def _scatter_nd_emit(node: Node, ins: list[str], outs: list[str], ctype: str) ->
     terms = " + ".join(f"(size_t){_fix_index(f'{ins[1]}[j * {q} + {t}]', x.shape[t])} * {xs[t]}"
                        for t in range(q)) or "0"
     red = node.attr("reduction", "none")
-    upd = {"none": "{d} = {u};", "add": "{d} += {u};", "mul": "{d} *= {u};",
-           "max": "if ({u} > {d}) {d} = {u};", "min": "if ({u} < {d}) {d} = {u};"}[red]
+    upd = _SCATTER_UPDATE[red]
     return (f"if (task != 0) return;\n"
             f"memcpy({outs[0]}, {ins[0]}, {x.size} * sizeof({ctype}));\n"
             f"for (size_t j = 0; j < {n}; j++) {{\n"

@@ -6,7 +6,7 @@ import numpy as np
 
 from aotc.errors import AotcError
 from aotc.ir.graph import Node
-from aotc.ops.common import const_input, norm_axis
+from aotc.ops.common import axis_layout, const_input, norm_axis, row_loop_head
 from aotc.ops.registry import OpDef, register
 
 
@@ -23,8 +23,7 @@ def softmax_layout(node: Node) -> tuple[int, int, int]:
     if node.attr("_opset", 13) < 13:
         axis = norm_axis(node.attr("axis", 1), rank, node)
         return int(np.prod(shape[:axis])), int(np.prod(shape[axis:])), 1
-    axis = norm_axis(node.attr("axis", -1), rank, node)
-    return int(np.prod(shape[:axis])), shape[axis], int(np.prod(shape[axis + 1:]))
+    return axis_layout(shape, norm_axis(node.attr("axis", -1), rank, node))
 
 
 def _same(node: Node):
@@ -35,8 +34,7 @@ def _same(node: Node):
 
 def _softmax_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
     outer, n, inner = softmax_layout(node)
-    head = (f"for (size_t r = task; r < {outer * inner}; r += ntasks) {{\n"
-            f"  size_t o = r / {inner}, k = r % {inner};\n")
+    head = row_loop_head(outer, inner)
     x, y = f"{ins[0]} + o * {n * inner} + k", f"{outs[0]} + o * {n * inner} + k"
     if ctype == "float":  # the vectorized row kernels of runtime/aotc_rows.h
         fn = "aotc_log_softmax_row" if node.op == "LogSoftmax" else "aotc_softmax_row"
@@ -172,13 +170,12 @@ def _lpnorm_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str
     assert x is not None
     rank = len(x.shape)
     axis = norm_axis(node.attr("axis", -1), rank, node)
-    outer, n, inner = int(np.prod(x.shape[:axis])), x.shape[axis], int(np.prod(x.shape[axis + 1:]))
+    outer, n, inner = axis_layout(x.shape, axis)
     p = int(node.attr("p", 2))
     acc = "fabs((double)v)" if p == 1 else "(double)v * v"
     norm = "s" if p == 1 else "sqrt(s)"
-    return (f"for (size_t r = task; r < {outer * inner}; r += ntasks) {{\n"
-            f"  const size_t o = r / {max(inner, 1)}, k = r % {max(inner, 1)};\n"
-            f"  const {ctype} *xr = {ins[0]} + o * {n * inner} + k;\n"
+    return (row_loop_head(outer, inner)
+            + f"  const {ctype} *xr = {ins[0]} + o * {n * inner} + k;\n"
             f"  {ctype} *yr = {outs[0]} + o * {n * inner} + k;\n"
             f"  double s = 0;\n"
             f"  for (size_t i = 0; i < {n}; i++) {{ const {ctype} v = xr[i * {inner}]; s += {acc}; }}\n"
