@@ -2,8 +2,9 @@
 
 onnx >= 1.20 builds the node cases in memory from ``onnx/backend/test/case/node``; the model groups
 (``simple``, ``pytorch-converted``, ``pytorch-operator``) are files in onnx's package. The ``real``
-group only holds download URLs (pointing at ``light`` models whose inputs the onnx runner invents),
-so it is not run here.
+group (nine classic CNNs) points at the ``light`` copies shipped with onnx: the real architectures with
+their weights replaced by ``ConstantOfShape`` fills, an expected output per model, and inputs that the
+onnx runner derives from the input's shape (see ``_light_input``).
 
 To keep C compile time down, many cases are merged into one model of independent subgraphs and
 compiled once; when a merged model fails to compile or run, it is bisected until the faulty cases are
@@ -32,7 +33,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-MODEL_GROUPS = ("simple", "pytorch-converted", "pytorch-operator")
+MODEL_GROUPS = ("simple", "pytorch-converted", "pytorch-operator", "real")
 DEFAULT_RTOL, DEFAULT_ATOL = 1e-3, 1e-7
 GROUP_SIZE = 128  # cases per merged model
 # Ops the frontend handles itself rather than through aotc.ops.OPS.
@@ -144,10 +145,40 @@ def load_model_group(kind: str) -> list[BackendCase]:
     return cases
 
 
+def _light_input(vi: onnx.ValueInfoProto) -> np.ndarray:
+    """The input onnx's runner feeds a ``light`` model (its expected outputs were made with it): a
+    float32 ramp 0, 1/n, ..., (n-1)/n over the input's shape, unknown dimensions taken as 1."""
+    shape = tuple(d.dim_value if d.HasField("dim_value") else 1 for d in vi.type.tensor_type.shape.dim)
+    n = int(np.prod(shape))
+    return (np.arange(n).reshape(shape) / n).astype(np.float32)
+
+
+def load_real_group() -> list[BackendCase]:
+    from onnx.backend.test.case.model import collect_testcases
+
+    root = Path(onnx.__file__).parent.parent
+    cases = []
+    for t in collect_testcases():
+        if t.kind != "real" or not t.url:
+            continue
+        path = root / t.url
+        model = onnx.load(path)
+        outputs = []
+        for i in range(len(model.graph.output)):
+            out = path.with_name(f"{path.stem}_output_{i}.pb")
+            tensor = onnx.TensorProto()
+            tensor.ParseFromString(out.read_bytes())
+            outputs.append(numpy_helper.to_array(tensor))
+        inputs = [_light_input(vi) for vi in _graph_inputs(model)]
+        cases.append(BackendCase(t.name, "real", "model", model, inputs, outputs, t.rtol, t.atol,
+                                 _case_ops(model)))
+    return cases
+
+
 def load_cases(groups: Iterable[str] = ("node", *MODEL_GROUPS)) -> list[BackendCase]:
     cases: list[BackendCase] = []
     for g in groups:
-        cases += load_node_cases() if g == "node" else load_model_group(g)
+        cases += {"node": load_node_cases, "real": load_real_group}.get(g, lambda g=g: load_model_group(g))()
     return cases
 
 
@@ -317,13 +348,15 @@ class Runner:
 def make_batches(cases: list[BackendCase], size: int = GROUP_SIZE,
                  alone: Callable[[BackendCase], bool] = lambda c: False) -> list[list[BackendCase]]:
     """Batches of same-opset cases; node cases, model cases and ``alone`` cases (expected failures)
-    are batched apart, so that failures cannot slow down the batches that pass."""
+    are batched apart, so that failures cannot slow down the batches that pass. The ``real`` models
+    are large enough to be compiled one at a time."""
     by: dict[tuple, list[BackendCase]] = {}
     for c in cases:
         by.setdefault((c.group == "node", c.opset, alone(c)), []).append(c)
     batches = []
     for group in by.values():
-        batches += [group[j:j + size] for j in range(0, len(group), size)]
+        n = 1 if group[0].group == "real" else size
+        batches += [group[j:j + n] for j in range(0, len(group), n)]
     return batches
 
 
