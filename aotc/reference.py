@@ -30,11 +30,11 @@ def to_onnx(graph: Graph) -> onnx.ModelProto:
 
     for i, v in enumerate(graph.inputs):
         names[id(v)] = f"in{i}"
-    domains: set[str] = set()
+    domains: dict[str, int] = {"": graph.opset}
     nodes = []
     for n in graph.nodes:
         domain, _, op = n.op.rpartition(".")
-        domains.add(domain)
+        domains.setdefault(domain, n.attr("_domain_opset", 1))
         attrs = {k: a for k, a in n.attrs.items() if not k.startswith("_")}
         nodes.append(helper.make_node(op, [name(v) for v in n.inputs], [name(v) for v in n.outputs],
                                       domain=domain or None, **attrs))
@@ -44,7 +44,7 @@ def to_onnx(graph: Graph) -> onnx.ModelProto:
         outputs.append(helper.make_tensor_value_info(f"out{i}", onnx.TensorProto.UNDEFINED, None))
     inputs = [helper.make_tensor_value_info(f"in{i}", helper.np_dtype_to_tensor_dtype(np.dtype(v.dtype)),
                                             list(v.shape or ())) for i, v in enumerate(graph.inputs)]
-    opsets = [helper.make_opsetid(d, graph.opset if d == "" else 1) for d in sorted(domains | {""})]
+    opsets = [helper.make_opsetid(d, v) for d, v in sorted(domains.items())]
     model = helper.make_model(helper.make_graph(nodes, "reference", inputs, outputs, inits),
                               opset_imports=opsets)
     model.ir_version = 9  # what onnxruntime releases of the last years all read

@@ -16,7 +16,12 @@ PER_AXIS = ("a per-axis (1-D) scale fed as a run-time input: aotc reshapes per-a
             "time, so they must be constants")
 BLOCKED = "blocked quantization (block_size > 0) is not supported"
 
+FFT_NOISE = ("the expected imaginary parts hold float32 FFT rounding noise (1.9e-7 where the exact "
+             "transform of the given input is 3e-15), above the suite's atol of 1e-7; aotc sums in double")
+
 EXPECTED_FAILURES: dict[str, str] = {
+    "test_dft_inverse": FFT_NOISE,
+    "test_dft_inverse_opset19": FFT_NOISE,
     "test_attention_3d_causal_bf16_expanded": DTYPE,
     "test_attention_4d_attn_mask_causal_bf16_expanded": DTYPE,
     "test_attention_4d_causal_bf16_expanded": DTYPE,

@@ -129,6 +129,7 @@ def import_onnx(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]] | Non
         raise AotcError(f"shape given for unknown input(s): {', '.join(sorted(shapes))}")
 
     missing: dict[str, list[str]] = {}
+    domain_opsets = {imp.domain: int(imp.version) for imp in model.opset_import}
     for i, node in enumerate(model.graph.node):
         label = node.name or f"{node.op_type}_{i}"
         op_key = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
@@ -151,7 +152,9 @@ def import_onnx(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]] | Non
                 raise AotcError(f"node {label!r} reads {name_in!r}, which nothing defines")
         attrs = {a.name: _attr(a) for a in node.attribute}
         attrs["_opset"] = opset
-        n = g.add_node(node.op_type, ins, len(node.output), attrs, label, out_names=list(node.output))
+        if op_key != node.op_type:  # another domain's op: its key keeps the domain, plus its version
+            attrs["_domain_opset"] = domain_opsets.get(node.domain, 1)
+        n = g.add_node(op_key, ins, len(node.output), attrs, label, out_names=list(node.output))
         for out_name, v in zip(node.output, n.outputs, strict=True):
             if out_name:
                 env[out_name] = v

@@ -1,6 +1,18 @@
 """Op definitions. Importing this package registers every supported op in ``registry.OPS``."""
 
-from aotc.ops import conv, elementwise, index, linalg, nn, norm, reduce, shape  # noqa: F401
+from aotc.ops import (  # noqa: F401
+    conv,
+    elementwise,
+    index,
+    linalg,
+    ml,
+    nn,
+    norm,
+    reduce,
+    shape,
+    signal,
+    training,
+)
 from aotc.ops.registry import OPS, OpDef, get
 
 __all__ = ["OPS", "OpDef", "get"]

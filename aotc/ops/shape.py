@@ -252,3 +252,23 @@ def _gather_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str
 
 
 register(OpDef("Gather", "kernel", _gather_infer, emit=_gather_emit))
+
+
+# -- BitCast: the same bytes read as another type of the same width -----------------------------------
+def _bitcast_infer(node: Node):
+    from aotc.ir import dtypes
+
+    x = _in(node)
+    to = dtypes.from_onnx(int(node.attr("to")))
+    if np.dtype(to).itemsize != np.dtype(x.dtype).itemsize:
+        raise AotcError(f"BitCast node {node.name!r}: {np.dtype(x.dtype)} and {np.dtype(to)} differ in width")
+    return [(x.shape, to)]
+
+
+def _bitcast_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
+    # A byte copy (never a pointer cast): reading one type through another's pointer breaks C's aliasing rules.
+    return f"if (task == 0) memcpy({outs[0]}, {ins[0]}, {_in(node).nbytes});\n(void)ntasks;"
+
+
+register(OpDef("BitCast", "kernel", _bitcast_infer, emit=_bitcast_emit,
+               fold=lambda n, a: [a[0].view(_bitcast_infer(n)[0][1])]))

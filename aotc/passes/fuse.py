@@ -56,7 +56,8 @@ class Kernel:
 
     @property
     def name(self) -> str:
-        label = "_".join(dict.fromkeys(op.lower() for op in self.ops))[:48]
+        # Op keys are registry names (never model text); a domain prefix ("ai.onnx.ml.") is dropped.
+        label = "_".join(dict.fromkeys(op.rpartition(".")[2].lower() for op in self.ops))[:48]
         return f"k{self.index}_{label}"
 
 

@@ -34,13 +34,17 @@ def evaluate(node: Node, args: list[np.ndarray | None], opset: int) -> list[np.n
     # Tensor attributes are numpy arrays in the IR; make_node wants TensorProtos.
     attrs = {k: numpy_helper.from_array(v) if isinstance(v, np.ndarray) else v
              for k, v in node.attrs.items() if not k.startswith("_")}
-    proto = helper.make_node(node.op, in_names, out_names, **attrs)
+    domain, _, op_type = node.op.rpartition(".")
+    proto = helper.make_node(op_type, in_names, out_names, domain=domain or None, **attrs)
     graph = helper.make_graph(
         [proto], "fold",
         [helper.make_tensor_value_info(n, dtypes_onnx(a), a.shape) for n, a in zip(in_names, args, strict=True)
          if a is not None],
         [helper.make_tensor_value_info(n, onnx.TensorProto.UNDEFINED, None) for n in out_names])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    opsets = [helper.make_opsetid("", opset)]
+    if domain:
+        opsets.append(helper.make_opsetid(domain, node.attr("_domain_opset", 1)))
+    model = helper.make_model(graph, opset_imports=opsets)
     feeds = {n: a for n, a in zip(in_names, args, strict=True) if a is not None}
     return [np.asarray(r) for r in ReferenceEvaluator(model).run(None, feeds)]
 
