@@ -37,7 +37,7 @@ MODEL_GROUPS = ("simple", "pytorch-converted", "pytorch-operator", "real")
 DEFAULT_RTOL, DEFAULT_ATOL = 1e-3, 1e-7
 GROUP_SIZE = 128  # cases per merged model
 # Ops the frontend handles itself rather than through aotc.ops.OPS.
-FRONTEND_OPS = {"Constant"}
+FRONTEND_OPS = {"Constant", "If"}
 
 
 @dataclass
@@ -69,9 +69,25 @@ def _has_subgraph(node: onnx.NodeProto) -> bool:
     return any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
 
 
+def _node_ops(nodes: Iterable[onnx.NodeProto]) -> set[str]:
+    """Op keys of ``nodes``. The frontend inlines If (its branches' ops count instead); any other
+    subgraph-carrying node counts as unsupported whatever its type."""
+    from aotc.frontends.control_flow import INLINED_OPS
+
+    ops = set()
+    for n in nodes:
+        if n.op_type in INLINED_OPS:
+            ops.add(op_key(n))
+            for a in n.attribute:
+                if a.type == onnx.AttributeProto.GRAPH:
+                    ops |= _node_ops(a.g.node)
+        else:
+            ops.add(op_key(n) + ("[subgraph]" if _has_subgraph(n) else ""))
+    return ops
+
+
 def _case_ops(model: onnx.ModelProto) -> frozenset[str]:
-    # A subgraph-carrying node counts as unsupported whatever its type (aotc has no control flow).
-    return frozenset(op_key(n) + ("[subgraph]" if _has_subgraph(n) else "") for n in model.graph.node)
+    return frozenset(_node_ops(model.graph.node))
 
 
 def _to_array(x: object) -> np.ndarray | None:

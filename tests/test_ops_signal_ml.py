@@ -1,5 +1,5 @@
-"""DFT/STFT against numpy's FFT at sizes beyond the backend suite's, and the model-file checks of
-TreeEnsemble (a hostile tree must fail at compile time, not loop forever in C)."""
+"""DFT/STFT against numpy's FFT at sizes beyond the backend suite's, the model-file checks of
+TreeEnsemble (a hostile tree must fail at compile time, not loop forever in C), and If inlining."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from onnx_helpers import IR_VERSION
 
 import aotc
 from aotc.errors import AotcError
+from aotc.frontends.control_flow import inline_control_flow
 
 
 def _model(nodes, inputs, outputs, inits=(), opsets=(("", 20),)):
@@ -89,3 +90,34 @@ def test_tree_ensemble_walks_and_matches_reference(tmp_path):
 def test_hostile_tree_ensemble_is_rejected(tmp_path, args, message):
     with pytest.raises(AotcError, match=message):
         aotc.compile(_tree_model(*args), tmp_path, name="tree")
+
+
+def _if_model(cond_const: bool | None):
+    then = helper.make_graph([helper.make_node("Add", ["x", "x"], ["t"])], "then", [], [_vi("t", [3])])
+    inner = helper.make_graph([helper.make_node("Neg", ["t2"], ["n"])], "inner", [], [_vi("n", [3])])
+    other = helper.make_graph([helper.make_node("Mul", ["x", "x"], ["t2"]),  # t2 read by the nested If
+                               helper.make_node("If", ["c"], ["e"], then_branch=inner, else_branch=inner)],
+                              "else", [], [_vi("e", [3])])
+    inputs = [_vi("x", [3])]
+    inits = []
+    if cond_const is None:
+        inputs.append(_vi("c", [1], onnx.TensorProto.BOOL))
+    else:
+        inits.append(numpy_helper.from_array(np.array([cond_const]), "c"))
+    node = helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)
+    return _model([node], inputs, [_vi("y", [3])], inits, opsets=(("", 17),))
+
+
+@pytest.mark.parametrize("cond", [True, False])
+def test_if_with_runtime_and_constant_condition(tmp_path, cond):
+    x = np.array([1.0, -2.0, 3.0], np.float32)
+    want = x + x if cond else -(x * x)
+    m = aotc.compile(_if_model(None), tmp_path / "rt", name="if_rt")
+    np.testing.assert_array_equal(m.run({"x": x, "c": np.array([cond])})[0], want)
+    m = aotc.compile(_if_model(cond), tmp_path / "const", name="if_const")
+    np.testing.assert_array_equal(m.run({"x": x})[0], want)
+    # A constant condition keeps only the taken branch; a run-time one computes both and selects.
+    ops = {n.op_type for n in inline_control_flow(_if_model(cond)).graph.node}
+    assert ("Add" in ops) == cond and ("Mul" in ops) != cond and "If" not in ops
+    ops = {n.op_type for n in inline_control_flow(_if_model(None)).graph.node}
+    assert {"Add", "Mul", "Neg", "Where"} <= ops and "If" not in ops
