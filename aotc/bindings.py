@@ -22,6 +22,7 @@ import cffi
 import numpy as np
 
 from aotc.errors import AotcError
+from aotc.ir import dtypes
 
 if TYPE_CHECKING:
     from aotc.profile import Profile
@@ -68,9 +69,9 @@ class CompiledModel:
         except (OSError, ValueError) as e:
             raise AotcError(f"no compiled model at {prefix} ({e})") from None
         self.name: str = self.metadata["name"]
-        self.inputs = [TensorSpec(t["name"], np.dtype(_np_name(t["dtype"])), tuple(t["shape"]))
+        self.inputs = [TensorSpec(t["name"], dtypes.from_name(t["dtype"]), tuple(t["shape"]))
                        for t in self.metadata["inputs"]]
-        self.outputs = [TensorSpec(t["name"], np.dtype(_np_name(t["dtype"])), tuple(t["shape"]))
+        self.outputs = [TensorSpec(t["name"], dtypes.from_name(t["dtype"]), tuple(t["shape"]))
                         for t in self.metadata["outputs"]]
         self.workspace_bytes: int = self.metadata["workspace_bytes"]
         self.library_path = prefix.parent / f"lib{self.name}.so"
@@ -213,10 +214,6 @@ def _fresh_path(lib: Path) -> str:
     copy = Path(tempfile.mkdtemp(prefix="aotc-")) / lib.name
     shutil.copy2(lib, copy)
     return str(copy)
-
-
-def _np_name(dtype: str) -> str:
-    return "bool" if dtype == "bool" else dtype
 
 
 def load(prefix: str | Path, threads: int | ThreadPool = 1) -> CompiledModel:

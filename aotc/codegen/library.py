@@ -63,6 +63,10 @@ class TensorInfo:
     def dtype_code(self) -> int:
         return dtypes.DTYPE_CODES[self.dtype]
 
+    @property
+    def emulated(self) -> bool:
+        return dtypes.emulated(dtypes.from_name(self.dtype)) is not None
+
 
 @dataclass
 class Library:
@@ -162,7 +166,7 @@ def generate(graph: Graph, name: str, input_names: list[str], output_names: list
     if blob.size:
         files[f"{name}_consts.bin"] = blob.data()
         files[f"{name}_consts.S"] = env().get_template("consts.S.j2").render(**common, symbol=f"{name}_consts")
-    for header in ("aotc_math.h", "aotc_rows.h"):
+    for header in ("aotc_math.h", "aotc_rows.h", "aotc_types.h"):
         files[header] = (runtime_dir() / header).read_text()
     lib.files = {k: v.encode() if isinstance(v, str) else v for k, v in files.items()}
     return lib

@@ -81,7 +81,7 @@ class Emitter:
         key = (id(v), imap, section)
         if key in self.memo:
             return self.memo[key]
-        ctype = dtypes.c_type(v.dtype)
+        ctype = dtypes.compute_type(v.dtype)  # emulated types compute in float / int32_t
         p = v.producer
         if v.is_const and v.size == 1:
             res = c_literal(v.const.reshape(-1)[0].item(), ctype)
@@ -99,9 +99,9 @@ class Emitter:
             assert op.kind == "elementwise" and op.expr is not None, p.op
             args = [self.value(x, broadcast_view(x.shape, v.shape, imap), section) if x is not None else "0"
                     for x in p.inputs]
-            expr = op.expr(p, args, ctype)
+            expr = dtypes.round_to(v.dtype, op.expr(p, args, ctype))
         else:
-            expr = f"@{self.access(v, self.ptrs[id(v)], imap)}@"
+            expr = dtypes.load(v.dtype, f"@{self.access(v, self.ptrs[id(v)], imap)}@")
         name = f"t{self.ntemps}"
         self.ntemps += 1
         self.sections[section].append(f"const {ctype} {name} = {expr};")
@@ -138,7 +138,7 @@ def emit_loop_kernel(k: Kernel, ptrs: dict[int, str]) -> str:
     rule = red and OPS[red.op].reduction
     if red is not None:
         assert rule is not None
-        rtype = dtypes.c_type(red.outputs[0].dtype)
+        rtype = dtypes.compute_type(red.outputs[0].dtype)
         xv = em.value(red.inputs[0], body_map, "body")
         em.reduced_value = "red"
     root_val = em.value(out, out_map, "epilogue")
@@ -233,9 +233,9 @@ def emit_loop_kernel(k: Kernel, ptrs: dict[int, str]) -> str:
             code.append(f"{indent}for (size_t l = 0; l < {w}; l++) acc[l] = {combine('acc[l]', f'acc[l + {w}]')};")
             w //= 2
         post = rule.post.format(acc="acc[0]", n=c_literal(n_red, rtype), **fmt)
-        code.append(f"{indent}const {rtype} red = {post};")
+        code.append(f"{indent}const {rtype} red = {dtypes.round_to(red.outputs[0].dtype, post)};")
     code += [indent + s for s in epilogue]
-    code.append(f"{indent}{addr(em.accesses[store])} = {root_val};")
+    code.append(f"{indent}{addr(em.accesses[store])} = {dtypes.store(out.dtype, root_val)};")
     while indent:
         indent = indent[:-2]
         code.append(indent + "}")

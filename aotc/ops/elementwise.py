@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import ml_dtypes
 import numpy as np
 
 from aotc.ir import dtypes
@@ -198,7 +199,7 @@ ew("IsNaN", _f("({a} != {a})"), _bool)
 
 
 def _isinf(node: Node, x: list[str], _t: str) -> str:
-    t = dtypes.c_type(node.inputs[0].dtype)  # ``_t`` is the (bool) output's type
+    t = dtypes.compute_type(node.inputs[0].dtype)  # ``_t`` is the (bool) output's type
     return (f"(({x[0]} == {highest(t)} && {int(node.attr('detect_positive', 1))}) || "
             f"({x[0]} == {lowest(t)} && {int(node.attr('detect_negative', 1))}))")
 
@@ -210,9 +211,34 @@ ew("Where", _f("({a} ? {b} : {c})"), lambda n: n.inputs[1].dtype)
 
 
 def _cast(node: Node, x: list[str], t: str) -> str:
+    dst = node.outputs[0].dtype
+    if dtypes.emulated(dst) is not None:
+        return dtypes.load(dst, _narrow(node, x[0], node.inputs[0].dtype, dst))
     if t == "_Bool":
         return f"({x[0]} != 0)"
     return f"(({t}){x[0]})"
+
+
+_E8M0_MODES = {"up": "AOTC_E8M0_UP", "down": "AOTC_E8M0_DOWN", "nearest": "AOTC_E8M0_NEAREST"}
+
+
+def _narrow(node: Node, x: str, src: np.dtype, dst: np.dtype) -> str:
+    """``x`` (of ``src``'s compute type) as an element of the emulated ``dst``, by Cast's rules."""
+    em = dtypes.emulated(dst)
+    assert em is not None
+    if em.compute == "int32_t":  # small integers keep the low bits of the integer (truncated toward 0)
+        if dtypes.compute_type(src) in FLOAT_CTYPES:
+            x = f"aotc_trunc_i32((double){x})"
+        return em.store.format(x=x)
+    # Every source goes through float: exact except from double or 64-bit integers, which round twice.
+    f = f"(float){x}"
+    sat = 1 if node.attr("saturate", 1) else 0
+    if em.suffix == "e8m0":
+        mode = str(node.attr("round_mode", "up"))
+        return f"aotc_f32_to_e8m0({f}, {sat}, {_E8M0_MODES[mode]})"
+    if em.suffix in ("bf16", "e2m1"):  # no saturation choice: bf16 overflows to inf, e2m1 saturates
+        return em.store.format(x=f)
+    return f"aotc_f32_to_{em.suffix}({f}, {sat})"
 
 
 ew("Cast", _cast, lambda n: dtypes.from_onnx(int(n.attr("to"))))
@@ -280,15 +306,32 @@ def _q_dtype(node: Node) -> np.dtype:
 
 
 def _quantize(node: Node, x: list[str], t: str) -> str:
-    lo, hi = lowest(t), highest(t)
+    dst = node.outputs[0].dtype
+    em = dtypes.emulated(dst)
+    zp = x[2] if len(x) > 2 else "0"
     # x / scale in x's own precision, as the reference does: a double quotient can round differently.
-    ft = dtypes.c_type(node.inputs[0].dtype)
-    v = f"((double){math_fn('rint', ft)}({x[0]} / ({ft}){x[1]}) + (double){x[2] if len(x) > 2 else '0'})"
-    return f"({v} < {lo} ? {lo} : ({v} > {hi} ? {hi} : ({t}){v}))"
+    ft = dtypes.compute_type(node.inputs[0].dtype)
+    q = f"{x[0]} / ({ft}){x[1]}"
+    if em is not None and em.compute == "float":
+        # float8 rounds like a saturating (by default) Cast; the reference adds a zero point only
+        # for float4 (for float8 it must be 0), and float4 always saturates.
+        if em.suffix == "e2m1":
+            return dtypes.load(dst, em.store.format(x=f"(float)({q} + {zp})"))
+        return dtypes.load(dst, f"aotc_f32_to_{em.suffix}((float)({q}), {1 if node.attr('saturate', 1) else 0})")
+    if em is not None:  # int4/uint4/int2/uint2, computed in int32_t
+        info = ml_dtypes.iinfo(dst)
+        lo, hi = c_literal(int(info.min), t), c_literal(int(info.max), t)
+    else:
+        lo, hi = lowest(t), highest(t)
+    v = f"((double){math_fn('rint', ft)}({q}) + (double){zp})"
+    # NaN quantizes to 0: converting it to an integer type is undefined in C.
+    return f"({v} != {v} ? ({t})0 : {v} < {lo} ? {lo} : ({v} > {hi} ? {hi} : ({t}){v}))"
 
 
 def _dequantize(node: Node, x: list[str], t: str) -> str:
-    zp = x[2] if len(x) > 2 else "0"
+    em = dtypes.emulated(node.inputs[0].dtype)
+    # float8 and float4 zero points are ignored, as by the reference (float8 requires them to be 0).
+    zp = x[2] if len(x) > 2 and not (em is not None and em.compute == "float") else "0"
     return f"((({t}){x[0]} - ({t}){zp}) * {x[1]})"
 
 

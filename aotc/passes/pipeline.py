@@ -17,6 +17,7 @@ from aotc.passes.patterns import rewrite_patterns
 from aotc.passes.propagate import propagate
 from aotc.passes.prune import prune
 from aotc.passes.simplify import simplify
+from aotc.passes.widen import widen_emulated
 
 PassFn = Callable[[Graph], bool]
 
@@ -44,6 +45,7 @@ DEFAULT_PASSES = [
     Pass("patterns", rewrite_patterns),  # decomposed LayerNorm / GELU -> one op each
     Pass("simplify", simplify_to_fixpoint),
     Pass("prune_again", prune),
+    Pass("widen_emulated", widen_emulated),  # Casts around non-loop ops on bfloat16, float8, int4, ...
     Pass("fuse", fuse),
     Pass("plan_memory", plan_memory),
 ]

@@ -12,7 +12,7 @@ from onnx import helper, numpy_helper
 
 from aotc.errors import AotcError
 from aotc.ir import dtypes
-from aotc.ir.graph import Graph, Node
+from aotc.ir.graph import Graph, Node, Value
 from aotc.ops import OPS
 
 # Folding must not turn a small graph into huge weights (e.g. a broadcast mask): above this,
@@ -68,7 +68,7 @@ def propagate(graph: Graph) -> bool:
             node.op, node.inputs = "Cast", node.inputs[:1]
             node.attrs["to"] = dtypes.onnx_type(like.dtype)
         if node.op in ("QuantizeLinear", "DequantizeLinear"):
-            _per_axis(node)
+            kept += _per_axis(node)
         op = OPS[node.op]
         if node.attr("_opset", 7) < 7 and op.kind == "elementwise":
             _legacy_broadcast(node)
@@ -99,23 +99,53 @@ def propagate(graph: Graph) -> bool:
     return changed
 
 
-def _per_axis(node: Node) -> None:
-    """A per-axis scale/zero point is 1-D along ``axis``: reshape the constants so that numpy
-    broadcasting lines them up with that axis."""
+def _per_axis(node: Node) -> list[Node]:
+    """Line a per-axis or blocked scale/zero point up with the input for numpy broadcasting: a 1-D
+    one along ``axis`` gets trailing unit dimensions, a blocked one is repeated ``block_size`` times
+    along ``axis``. Constants are rewritten now; a run-time input through the nodes returned."""
     x = node.inputs[0]
     assert x is not None and x.shape is not None
-    if node.attr("block_size", 0):
-        raise AotcError(f"{node.op} node {node.name!r}: blocked quantization is not supported")
     rank = len(x.shape)
     axis = int(node.attr("axis", 1))
     axis = axis + rank if axis < 0 else axis
+    block = int(node.attrs.pop("block_size", 0))  # done here once and for all
+    added: list[Node] = []
+
+    def derive(v: Value, op: str, shape: tuple[int, ...], *consts: list[int]) -> Value:
+        out = Value(f"{v.name}_{op.lower()}", shape, v.dtype)
+        n = Node(op, [v, *(Graph.constant(np.array(c, np.int64)) for c in consts)], [out],
+                 name=f"{node.name}_scale{len(added)}")
+        out.producer = n
+        added.append(n)
+        return out
+
     for i in (1, 2):
         v = node.inputs[i] if i < len(node.inputs) else None
-        if v is None or v.shape is None or len(v.shape) != 1 or v.shape[0] == 1 or rank < 2:
+        if v is None or v.shape is None:
             continue
-        if not v.is_const:
-            raise AotcError(f"{node.op} node {node.name!r}: a per-axis scale must be a constant")
-        node.inputs[i] = Graph.constant(v.const.reshape(-1, *([1] * (rank - axis - 1))), f"{v.name}_axis")
+        s = v.shape
+        if block and len(s) == rank and s != x.shape:
+            d, n = x.shape[axis], s[axis]
+            if v.is_const:
+                rep = np.repeat(v.const, block, axis)[(slice(None),) * axis + (slice(0, d),)]
+                node.inputs[i] = Graph.constant(rep, f"{v.name}_blocks")
+                continue
+            pre, post = s[:axis], s[axis + 1:]
+            u = derive(v, "Reshape", (*pre, n, 1, *post), [*pre, n, 1, *post])
+            u = derive(u, "Expand", (*pre, n, block, *post), [*pre, n, block, *post])
+            u = derive(u, "Reshape", (*pre, n * block, *post), [*pre, n * block, *post])
+            if n * block != d:
+                u = derive(u, "Slice", tuple(x.shape), [0], [d], [axis])
+            node.inputs[i] = u
+            continue
+        if len(s) != 1 or s[0] == 1 or rank < 2:
+            continue
+        shape = (s[0], *([1] * (rank - axis - 1)))
+        if v.is_const:
+            node.inputs[i] = Graph.constant(v.const.reshape(shape), f"{v.name}_axis")
+        else:
+            node.inputs[i] = derive(v, "Reshape", shape, list(shape))
+    return added
 
 
 def _legacy_broadcast(node: Node) -> None:
