@@ -78,6 +78,9 @@ CONV = [
     ("2d_depthwise_s2", (2, 5, 11, 11), (5, 1, 3, 3), {"group": 5, "pads": [1, 1, 1, 1], "strides": [2, 2]}),
     ("2d_depthwise_mult2", (1, 4, 8, 8), (8, 1, 3, 3), {"group": 4, "pads": [0, 1, 1, 0]}),
     ("2d_depthwise_large", (1, 2, 66, 65), (2, 1, 3, 3), {"group": 2, "pads": [1, 1, 1, 1]}),
+    # Rows outside the input read a shared zero row; edge columns are unrolled or (many taps) looped.
+    ("2d_depthwise_large_dil", (1, 2, 66, 65), (2, 1, 3, 3), {"group": 2, "pads": [2, 1, 2, 3],
+                                                              "dilations": [2, 2]}),
     ("2d_depthwise_large_s2_asym", (1, 2, 67, 70), (2, 1, 3, 3), {"group": 2, "pads": [1, 0, 0, 1],
                                                                   "strides": [2, 2]}),
     ("2d_depthwise_s32_dil", (1, 3, 13, 12), (6, 1, 3, 2), {"group": 3, "pads": [2, 1, 1, 0],
@@ -96,6 +99,7 @@ CONV = [
     ("3d_stride_dil", (2, 2, 7, 6, 8), (4, 2, 2, 3, 2), {"strides": [2, 1, 2], "dilations": [1, 2, 1]}),
     ("3d_group", (1, 4, 5, 5, 5), (4, 2, 3, 1, 3), {"group": 2, "auto_pad": "SAME_UPPER"}),
     ("3d_depthwise", (1, 3, 5, 6, 4), (3, 1, 3, 3, 3), {"group": 3, "pads": [1, 1, 1, 1, 1, 1]}),
+    ("3d_depthwise_5x5x5", (1, 2, 4, 5, 6), (2, 1, 5, 5, 5), {"group": 2, "pads": [2] * 6}),
 ]
 for _id, _x, _w, _a in CONV:
     k = _w[1] * int(np.prod(_w[2:]))
@@ -295,6 +299,7 @@ def test_conv_threads_bit_identical(tmp_path) -> None:
     cases = [single("tiled", "Conv", [Inp((2, 16, 12, 12)), w(24, 16, 3, 3)], {"pads": [1, 1, 1, 1]}),
              single("rows", "Conv", [Inp((1, 32, 12, 12)), w(40, 32, 1, 1), w(40)]),
              single("dw", "Conv", [Inp((1, 32, 20, 20)), w(32, 1, 3, 3)], {"group": 32, "pads": [1, 1, 1, 1]}),
+             single("dw_rows", "Conv", [Inp((1, 8, 70, 66)), w(8, 1, 3, 3)], {"group": 8, "pads": [1, 1, 1, 1]}),
              single("generic", "Conv", [Inp((1, 8, 12, 12)), Inp((16, 8, 3, 3))]),
              single("convt", "ConvTranspose", [Inp((1, 8, 10, 10)), w(8, 8, 3, 3)], {"strides": [2, 2]}),
              single("pool", "MaxPool", [Inp((1, 64, 24, 24))], {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]})]
@@ -313,6 +318,8 @@ def test_conv_portable_target(tmp_path, target: str) -> None:
     cases = [single("tiled", "Conv", [Inp((1, 4, 9, 9)), w(20, 4, 3, 3), w(20)], {"pads": [1, 1, 1, 1]}, **tol(36)),
              single("rows", "Conv", [Inp((1, 8, 6, 6)), w(10, 8, 1, 1)], **tol(8)),
              single("dw", "Conv", [Inp((1, 3, 9, 9)), w(3, 1, 3, 3)], {"group": 3, "strides": [2, 2]}, **tol(9)),
+             single("dw_rows", "Conv", [Inp((1, 2, 66, 65)), w(2, 1, 3, 3)], {"group": 2, "pads": [1, 1, 1, 1]},
+                    **tol(9)),
              single("pool", "AveragePool", [Inp((1, 2, 7, 7))], {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]})]
     model, maps = build_model(cases)
     feeds = {names[k]: v for c, names in zip(cases, maps, strict=True) for k, v in make_feeds(c).items()}

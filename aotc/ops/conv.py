@@ -654,74 +654,83 @@ def _depthwise_phase(g: Geometry, x: str, w: str, b: str | None, y: str, isa: st
     return head + _task_loop(g.n * g.m, "\n".join("  " + ln for ln in lines))
 
 
+# Edge columns are unrolled up to this many taps per row (more: a loop with column checks).
+_EDGE_UNROLL = 256
+
+
 def _depthwise_conv(g: Geometry, x: str, w: str, b: str | None, y: str, isa: str,
                     epi: Epilogue | None, fn: str) -> tuple[str, str]:
-    """One input channel per group, (n, c) planes as work units. Rows whose window lies inside the
-    input vertically run a width loop over the interior columns with the taps unrolled (vectorized
-    over the width, accumulator in a register); border positions use a bounds-checked helper."""
+    """One input channel per group, (n, c) planes as work units. Each output row reads its input
+    rows through one pointer per (kd, kh), a shared zero row standing in for rows outside the input,
+    so no row needs bounds checks: the interior columns run a width loop with the taps unrolled
+    (vectorized over the width, accumulator in a register) and the few edge columns have their
+    in-range taps unrolled at compile time (a bounds-checked call per border position cost as much
+    as the whole interior of a 112x112 plane)."""
     mg = g.m // g.group
     if _use_phase(g):
         return "", _depthwise_phase(g, x, w, b, y, isa, epi)
-    src = [f"const float *xc = {x} + (n * {g.c} + grp) * {g.in_size};"]
     ID, IH, IW = g.inp
     OD, OH, OW = g.out
     fma = isa in ("avx2", "avx512", "neon")  # fmaf is a slow libm call without hardware FMA
+    kr = g.k[0] * g.k[1]
 
     def acc(wv: str, xv: str) -> str:
         return f"v = fmaf({wv}, {xv}, v);" if fma else f"v += {wv} * {xv};"
 
-    # Interior columns: every tap inside the input.
+    def cols(ow: int) -> list[tuple[int, int]]:  # (kw, input column) of the taps inside the row
+        return [(kw, ow * g.s[2] + kw * g.d[2] - g.pb[2]) for kw in range(g.k[2])
+                if 0 <= ow * g.s[2] + kw * g.d[2] - g.pb[2] < IW]
+
+    def store(ind: str) -> list[str]:
+        return [*([f"{ind}const size_t s = rs + ow; (void)s;"] if epi else []),
+                *(ind + e for e in (epi or [])), f"{ind}yr[ow] = v;"]
+
+    # Interior columns: every tap inside the row.
     owa = min(OW, -(-g.pb[2] // g.s[2]))
     owb = max(owa, min(OW, (IW - 1 - (g.k[2] - 1) * g.d[2] + g.pb[2]) // g.s[2] + 1))
-    edge = [f"static inline float {fn}_edge(const float *restrict xc, const float *restrict wc, float v, "
-            "ptrdiff_t d0, ptrdiff_t h0, ptrdiff_t w0) {",
-            f"  for (ptrdiff_t kd = 0; kd < {g.k[0]}; kd++) {{",
-            f"    const ptrdiff_t id = d0 + kd * {g.d[0]}; if (id < 0 || id >= {ID}) continue;",
-            f"    for (ptrdiff_t kh = 0; kh < {g.k[1]}; kh++) {{",
-            f"      const ptrdiff_t ih = h0 + kh * {g.d[1]}; if (ih < 0 || ih >= {IH}) continue;",
-            f"      for (ptrdiff_t kw = 0; kw < {g.k[2]}; kw++) {{",
-            f"        const ptrdiff_t iw = w0 + kw * {g.d[2]}; if (iw < 0 || iw >= {IW}) continue;",
-            f"        {acc(f'wc[(kd * {g.k[1]} + kh) * {g.k[2]} + kw]', f'xc[(id * {IH} + ih) * {IW} + iw]')}",
-            "      }", "    }", "  }", "  return v;", "}"]
-    # Read once into a local: inside the row loop GCC cannot tell the bias from the output row.
-    bias = "bias_c"
+    edges = [*range(owa), *range(owb, OW)]
     lines = [f"const size_t n = t / {g.m}, c = t % {g.m}, grp = c / {mg};",
-             f"const float bias_c = {f'{b}[c]' if b else '0.0f'};",
-             *src,
+             f"const float *xc = {x} + (n * {g.c} + grp) * {g.in_size};",
              f"const float *wc = {w} + c * {g.taps};",
              *[f"const float w{i} = wc[{i}];" for i in range(g.taps)],
+             # Read once into a local: inside the row loop GCC cannot tell the bias from the output row.
+             f"const float bias_c = {f'{b}[c]' if b else '0.0f'};",
              f"float *yo = {y} + t * {g.out_size};",
              f"for (size_t od = 0; od < {OD}; od++)",
              f"for (size_t oh = 0; oh < {OH}; oh++) {{",
              f"  const ptrdiff_t d0 = (ptrdiff_t)od * {g.s[0]} - {g.pb[0]}, h0 = (ptrdiff_t)oh * {g.s[1]} - {g.pb[1]};",
-             f"  float *restrict yr = yo + (od * {OH} + oh) * {OW};",
-             f"  const int full = d0 >= 0 && d0 + {(g.k[0] - 1) * g.d[0]} < {ID} && h0 >= 0 "
-             f"&& h0 + {(g.k[1] - 1) * g.d[1]} < {IH};",
-             f"  const size_t wa = full ? {owa} : {OW}, wb = full ? {owb} : {OW};",
-             "  for (size_t ow = 0; ow < " + str(OW) + "; ow++) {",
-             "    if (ow == wa) ow = wb;",
-             f"    if (ow >= {OW}) break;",
-             f"    float v = {fn}_edge(xc, wc, {bias}, d0, h0, (ptrdiff_t)ow * {g.s[2]} - {g.pb[2]});",
-             *(["    const size_t s = (od * " + str(OH) + " + oh) * " + str(OW) + " + ow; (void)s;"] if epi else []),
-             *["    " + e for e in (epi or [])],
-             "    yr[ow] = v;",
-             "  }",
-             "  if (!full) continue;",
-             "  const float *restrict xr = xc + ((size_t)d0 * " + str(IH) + " + (size_t)h0) * " + str(IW) + ";",
-             "  " + UNROLL,
-             f"  for (size_t ow = {owa}; ow < {owb}; ow++) {{",
-             f"    float v = {bias};"]
-    i = 0
+             f"  const size_t rs = (od * {OH} + oh) * {OW}; (void)rs;",
+             "  float *restrict yr = yo + rs;"]
     for kd in range(g.k[0]):
         for kh in range(g.k[1]):
-            for kw in range(g.k[2]):
-                off = (kd * g.d[0] * IH + kh * g.d[1]) * IW + kw * g.d[2] - g.pb[2]
-                lines.append("    " + acc(f"w{i}", f"xr[ow * {g.s[2]} + ({off})]"))
-                i += 1
-    if epi:
-        lines += [f"    const size_t s = (od * {OH} + oh) * {OW} + ow; (void)s;", *("    " + e for e in epi)]
-    lines += ["    yr[ow] = v;", "  }", "}"]
-    return "\n".join(edge) + "\n", _task_loop(g.n * g.m, "\n".join("  " + ln for ln in lines))
+            dd, hh = f"d0 + {kd * g.d[0]}", f"h0 + {kh * g.d[1]}"
+            lines.append(f"  const float *restrict r{kd * g.k[1] + kh} = {dd} >= 0 && {dd} < {ID} && {hh} >= 0 "
+                         f"&& {hh} < {IH} ? xc + ((size_t)({dd}) * {IH} + (size_t)({hh})) * {IW} : {fn}_zrow;")
+    if len(edges) * g.taps <= _EDGE_UNROLL:
+        for ow in edges:
+            lines += [f"  {{ const size_t ow = {ow}; float v = bias_c;",
+                      *(f"    {acc(f'w{j * g.k[2] + kw}', f'r{j}[{col}]')}" for j in range(kr) for kw, col in cols(ow)),
+                      *store("    "), "  }"]
+    else:
+        lines += ["  const float *restrict rp[] = {" + ", ".join(f"r{j}" for j in range(kr)) + "};",
+                  f"  for (size_t ow = 0; ow < {OW}; ow++) {{",
+                  f"    if (ow == {owa}) ow = {owb};",
+                  f"    if (ow >= {OW}) break;",
+                  "    float v = bias_c;",
+                  f"    for (size_t j = 0; j < {kr}; j++)",
+                  f"      for (size_t kw = 0; kw < {g.k[2]}; kw++) {{",
+                  f"        const ptrdiff_t iw = (ptrdiff_t)(ow * {g.s[2]} + kw * {g.d[2]}) - {g.pb[2]};",
+                  f"        if (iw >= 0 && iw < {IW}) {acc(f'wc[j * {g.k[2]} + kw]', 'rp[j][iw]')}",
+                  "      }",
+                  *store("    "), "  }"]
+    lines += ["  " + UNROLL,
+              f"  for (size_t ow = {owa}; ow < {owb}; ow++) {{",
+              "    float v = bias_c;",
+              *(f"    {acc(f'w{j * g.k[2] + kw}', f'r{j}[ow * {g.s[2]} + ({kw * g.d[2] - g.pb[2]})]')}"
+                for j in range(kr) for kw in range(g.k[2])),
+              *store("    "), "  }", "}"]
+    zrow = f"static const float {fn}_zrow[{IW}] = {{0}};\n"
+    return zrow, _task_loop(g.n * g.m, "\n".join("  " + ln for ln in lines))
 
 
 def conv_path(node: Node, isa: str) -> str:
