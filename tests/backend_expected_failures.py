@@ -15,20 +15,28 @@ FP16_ULP = ("float16 chains: aotc rounds to float16 after each op like the refer
             "order (fused loops, accumulators); results differ by one float16 ulp (~1e-3 relative), "
             "which the suite's rtol of 1e-3 does not allow")
 
+ATTENTION_BF16 = ("bfloat16 Attention runs widened to float32 (aotc/passes/widen.py) and rounds once, where "
+                  "the reference rounds each step to bfloat16 (scores, exp, the softmax sum one addition at a "
+                  "time); results differ by one bfloat16 ulp (0.4-0.8% relative), which rtol 1e-3 does not allow")
 FFT_NOISE = ("the expected imaginary parts hold float32 FFT rounding noise (1.9e-7 where the exact "
              "transform of the given input is 3e-15), above the suite's atol of 1e-7; aotc sums in double")
 
 EXPECTED_FAILURES: dict[str, str] = {
     "test_dft_inverse": FFT_NOISE,
     "test_dft_inverse_opset19": FFT_NOISE,
+    "test_attention_3d_causal_bf16": ATTENTION_BF16,
     "test_attention_3d_causal_bf16_expanded": BF16_ULP,
+    "test_attention_4d_attn_mask_causal_bf16": ATTENTION_BF16,
     "test_attention_4d_attn_mask_causal_bf16_expanded": BF16_ULP,
+    "test_attention_4d_causal_bf16": ATTENTION_BF16,
     "test_attention_4d_causal_bf16_expanded": BF16_ULP,
     "test_attention_4d_causal_fp16_expanded": FP16_ULP,
+    "test_attention_4d_causal_padded_kv_bf16": ATTENTION_BF16,
     "test_attention_4d_causal_padded_kv_bf16_expanded": BF16_ULP,
     "test_attention_4d_fp16_expanded": FP16_ULP,
     "test_attention_4d_gqa_causal_nonpad_decode_fp16_expanded": FP16_ULP,
     "test_attention_4d_gqa_with_past_and_present_fp16_expanded": FP16_ULP,
+    "test_attention_4d_padded_kv_bf16": ATTENTION_BF16,
     "test_attention_4d_padded_kv_bf16_expanded": BF16_ULP,
     "test_batchnorm_epsilon_training_mode": BN_TRAINING,
     "test_batchnorm_example_training_mode": BN_TRAINING,

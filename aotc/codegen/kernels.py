@@ -105,6 +105,9 @@ def scratch_bytes(k: Kernel, isa: str, ntasks: int) -> int:
         assert k.conv is not None
         path = conv_ops.conv_path(k.conv, isa)
         return conv_ops.conv_scratch_floats(conv_ops.geometry(k.conv), path, isa) * 4 * ntasks
+    if k.kind == "op":
+        fn = OPS[k.root.op].scratch
+        return 0 if fn is None else fn(k.root) * ntasks
     if k.kind != "gemm":
         return 0
     spec = gemm_spec(k, isa)
@@ -127,7 +130,7 @@ def emit_kernel(k: Kernel, fn: str, isa: str) -> KernelSource:
     args = [(v, "in") for v in ins] + [(v, "out") for v in node.outputs]
     names = [f"in{i}" for i in range(len(ins))] + [f"out{i}" for i in range(len(node.outputs))]
     body = op.emit(node, names[:len(ins)], names[len(ins):], dtypes.c_type(node.outputs[0].dtype))
-    return _function(fn, k, args, names, body)
+    return _function(fn, k, args, names, body, scratch=scratch_bytes(k, isa, 1) > 0)
 
 
 def _emit_gemm(k: Kernel, fn: str, isa: str) -> KernelSource:

@@ -1,6 +1,7 @@
 """Op definitions. Importing this package registers every supported op in ``registry.OPS``."""
 
 from aotc.ops import (  # noqa: F401
+    attention,
     conv,
     elementwise,
     index,

@@ -48,6 +48,8 @@ class OpDef:
     fold: Callable[[Node, list[np.ndarray]], list[np.ndarray]] | None = None
     # Inputs that must be compile-time constants (e.g. Reshape's shape).
     const_inputs: tuple[int, ...] = ()
+    # ``kernel`` ops only: bytes of scratch one task needs (the emitted code gets ``scratch``).
+    scratch: Callable[[Node], int] | None = None
 
 
 OPS: dict[str, OpDef] = {}
