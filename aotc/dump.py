@@ -199,6 +199,11 @@ def node_flops(n: Node) -> int:
         return 2 * out.size * int(k)
     if kind == "reduce" and a is not None and a.shape is not None:
         return a.size
+    if n.op in ("Attention", "ai.onnx.preview.FlexAttention") and len(n.inputs) > 1:
+        k = n.inputs[1]  # each output element is a dot over the keys' sequence, once for Q.K, once for P.V
+        if k is not None and k.shape is not None and len(k.shape) >= 2:
+            seq = k.shape[-2] if len(k.shape) == 4 else k.shape[1]
+            return 4 * out.size * int(seq)
     return sum(v.size for v in n.outputs if v.shape is not None)
 
 
