@@ -5,14 +5,17 @@ from aotc.ops import (  # noqa: F401
     conv,
     elementwise,
     index,
+    integer,
     linalg,
     ml,
     nn,
     norm,
     reduce,
+    rnn,
     shape,
     signal,
     training,
+    vision,
 )
 from aotc.ops.registry import OPS, OpDef, get
 

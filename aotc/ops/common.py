@@ -84,3 +84,10 @@ def row_loop_head(outer: int, inner: int) -> str:
     starts at ``o * n * inner + k``. The caller closes the brace."""
     return (f"for (size_t r = task; r < {outer * inner}; r += ntasks) {{\n"
             f"  const size_t o = r / {max(inner, 1)}, k = r % {max(inner, 1)};\n")
+
+
+def aligned_inputs(node: Node, ins: list[str]) -> list[str | None]:
+    """A kernel emitter's input names (``ins`` holds the present inputs only) aligned with
+    ``node.inputs``: None where an optional input is absent."""
+    it = iter(ins)
+    return [None if v is None else next(it) for v in node.inputs]

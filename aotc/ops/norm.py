@@ -203,3 +203,42 @@ def _group_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
 
 register(OpDef("InstanceNormalization", "kernel", _same, emit=_instance_emit))
 register(OpDef("GroupNormalization", "kernel", _same, emit=_group_emit))
+
+
+# -- MeanVarianceNormalization: (x - mean) / (std + 1e-9) over ``axes`` (default N, H, W) ------------
+
+def _mvn_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
+    _check_float(node)
+    shape = _x(node).shape
+    rank = len(shape)
+    axes = sorted({norm_axis(int(a), rank, node) for a in node.attr("axes", [0, 2, 3])})
+    kept = [a for a in range(rank) if a not in axes]
+    groups, n = int(np.prod([shape[a] for a in kept])), int(np.prod([shape[a] for a in axes]))
+    if groups * n == 0:
+        return "/* empty */"
+    stride = [int(np.prod(shape[a + 1:])) for a in range(rank)]
+
+    def offset(var: str, dims: list[int]) -> str:
+        """The element offset of the multi-index that ``var`` enumerates over ``dims`` (row-major)."""
+        terms, inner = [], 1
+        for a in reversed(dims):
+            terms.append(f"({var} / {inner} % {shape[a]}) * {stride[a]}")
+            inner *= shape[a]
+        return " + ".join(terms) or "0"
+
+    # The reduced elements are generally not contiguous: their offsets are recomputed from the
+    # index (divisions by constants, which compile to multiplications).
+    at = offset("i", axes)
+    sqrt = "sqrtf" if ctype == "float" else "sqrt"
+    return (f"for (size_t gi = task; gi < {groups}; gi += ntasks) {{\n"
+            f"  const {ctype} *xr = {ins[0]} + {offset('gi', kept)};\n"
+            f"  {ctype} *yr = {outs[0]} + {offset('gi', kept)};\n"
+            f"  double s = 0, ss = 0;\n"
+            f"  for (size_t i = 0; i < {n}; i++) s += xr[{at}];\n"
+            f"  const double mean = s / {n};\n"
+            f"  for (size_t i = 0; i < {n}; i++) {{ const double v = xr[{at}] - mean; ss += v * v; }}\n"
+            f"  const {ctype} m = ({ctype})mean, inv = 1 / (({ctype}){sqrt}(ss / {n}) + {c_literal(1e-9, ctype)});\n"
+            f"  for (size_t i = 0; i < {n}; i++) yr[{at}] = (xr[{at}] - m) * inv;\n}}")
+
+
+register(OpDef("MeanVarianceNormalization", "kernel", _same, emit=_mvn_emit))
