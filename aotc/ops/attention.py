@@ -58,7 +58,8 @@ def _rnd(ctype: str, expr: str, work: str) -> str:
 def _check_float(node: Node, *vals: Value) -> None:
     # bfloat16 and the other emulated types arrive widened to float32 (aotc/passes/widen.py).
     for v in vals:
-        if v.dtype not in _FLOATS:
+        em = dtypes.emulated(v.dtype)
+        if v.dtype not in _FLOATS and (em is None or em.compute != "float"):
             raise _err(node, f"dtype {v.dtype} not supported (float16/32/64 only)")
 
 
