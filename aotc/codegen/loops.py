@@ -21,7 +21,7 @@ import numpy as np
 from aotc.ir import dtypes
 from aotc.ir.graph import Value
 from aotc.ops import OPS
-from aotc.ops.common import c_literal, highest, lowest
+from aotc.ops.common import c_literal, contiguous_strides, highest, lowest
 from aotc.ops.elementwise import math_fn
 from aotc.ops.reduce import reduce_axes
 from aotc.ops.shape import IndexMap, broadcast_view
@@ -35,14 +35,6 @@ class Access:
     ptr: str
     base: int
     coeffs: list[int]
-
-
-def contiguous_strides(shape: tuple[int, ...]) -> list[int]:
-    strides, acc = [], 1
-    for d in reversed(shape):
-        strides.append(acc)
-        acc *= d
-    return strides[::-1]
 
 
 class Emitter:

@@ -16,7 +16,7 @@ import onnx
 from aotc.errors import AotcError
 from aotc.ir import dtypes
 from aotc.ir.graph import Node, Value
-from aotc.ops.common import c_literal
+from aotc.ops.common import aligned_inputs, c_literal, optional_input
 from aotc.ops.elementwise import math_fn
 from aotc.ops.registry import OpDef, register
 
@@ -27,18 +27,8 @@ _LEN_CLAMP = "INT64_C(4611686018427387904)"
 _LANES = 8
 
 
-def _opt(node: Node, i: int) -> Value | None:
-    return node.inputs[i] if i < len(node.inputs) else None
-
-
 def _err(node: Node, msg: str) -> AotcError:
     return AotcError(f"{node.op} node {node.name!r}: {msg}")
-
-
-def _names(node: Node, ins: list[str]) -> list[str | None]:
-    """The kernel argument name of each input slot (None for an absent optional input)."""
-    it = iter(ins)
-    return [None if v is None else next(it) for v in node.inputs]
 
 
 def _out(node: Node, outs: list[str], i: int) -> str | None:
@@ -100,7 +90,7 @@ class _Geom:
             raise _err(node, "Q, K and V disagree on batch or kv sequence length")
         if self.hkv <= 0 or self.hq % self.hkv:
             raise _err(node, f"{self.hq} query heads are not a multiple of {self.hkv} kv heads")
-        pk, pv = _opt(node, 4), _opt(node, 5)
+        pk, pv = optional_input(node, 4), optional_input(node, 5)
         if (pk is None) != (pv is None):
             raise _err(node, "past_key and past_value must be given together")
         self.past = 0
@@ -110,14 +100,14 @@ class _Geom:
                     or tuple(pv.shape) != (self.b, self.hkv, self.past, self.dv)):
                 raise _err(node, "past_key/past_value shapes do not match K and V")
         self.t = self.past + self.skv
-        mask = _opt(node, 3)
+        mask = optional_input(node, 3)
         if mask is not None:
             ms = tuple(mask.shape)
             full = (self.b, self.hq, self.sq, self.t)
             if not 1 <= len(ms) <= 4 or ms[-1] > self.t or any(
                     m not in (1, f) for m, f in zip(ms[-2::-1], full[-2::-1], strict=False)):
                 raise _err(node, f"attn_mask of shape {list(ms)} does not broadcast to {list(full)}")
-        nonpad = _opt(node, 6)
+        nonpad = optional_input(node, 6)
         if nonpad is not None and tuple(nonpad.shape) != (self.b,):
             raise _err(node, f"nonpad_kv_seqlen must have shape [{self.b}]")
 
@@ -177,7 +167,7 @@ def _attention_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> 
     """Attention, and FlexAttention (``flex``) which differs in roundings and has no masks."""
     flex = node.op != "Attention"
     g = _Geom(node)
-    q, k, v, mask, pk, pv, nonpad = _names(node, ins) + [None] * (7 - len(node.inputs))
+    q, k, v, mask, pk, pv, nonpad = aligned_inputs(node, ins) + [None] * (7 - len(node.inputs))
     y, pres_k, pres_v, qk_out = (_out(node, outs, i) for i in range(4))
     mode = int(node.attr("qk_matmul_output_mode", 0))
     if qk_out and mode not in (0, 1, 2, 3):
@@ -389,7 +379,7 @@ def _ts_infer(node: Node) -> list[tuple[Shape, np.dtype]]:
 
 def _ts_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
     outer, per_batch, m, n, inner = _ts_layout(node)
-    past, upd, widx = _names(node, ins) + [None] * (3 - len(node.inputs))
+    past, upd, widx = aligned_inputs(node, ins) + [None] * (3 - len(node.inputs))
     y = outs[0]
     if outer * m * inner == 0:
         return "/* empty */"
@@ -423,7 +413,7 @@ def _ccs_dims(node: Node) -> tuple[int, int, int, int]:
     k = wt.shape[2]
     if k < 1:
         raise _err(node, "the kernel size must be at least 1")
-    ps = _opt(node, 3)
+    ps = optional_input(node, 3)
     if ps is not None and tuple(ps.shape) != (b, c, k - 1):
         raise _err(node, f"past_state must have shape {[b, c, k - 1]}")
     return b, c, length, k
@@ -440,7 +430,7 @@ def _ccs_infer(node: Node) -> list[tuple[Shape, np.dtype]]:
 
 def _ccs_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
     b, c, length, k = _ccs_dims(node)
-    x, wt, bias, past = _names(node, ins) + [None] * (4 - len(node.inputs))
+    x, wt, bias, past = aligned_inputs(node, ins) + [None] * (4 - len(node.inputs))
     y, pres = _out(node, outs, 0), _out(node, outs, 1)
     a = _acc(ctype)
     # Element u of the padded row [past (k - 1) | input (length)].
@@ -489,7 +479,7 @@ class _LinGeom:
         self.rule = node.attr("update_rule", "gated_delta")
         if self.rule not in ("linear", "gated", "delta", "gated_delta"):
             raise _err(node, f"update_rule {self.rule!r} not supported")
-        past, decay, beta = _opt(node, 3), _opt(node, 4), _opt(node, 5)
+        past, decay, beta = optional_input(node, 3), optional_input(node, 4), optional_input(node, 5)
         if (decay is not None) != ("gated" in self.rule) or (beta is not None) != ("delta" in self.rule):
             raise _err(node, f"update_rule {self.rule!r} does not match the decay/beta inputs given")
         if past is not None and tuple(past.shape) != (self.b, self.hkv, self.dk, self.dv):
@@ -524,7 +514,7 @@ def _lin_scratch(node: Node) -> int:
 
 def _lin_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
     g = _LinGeom(node)
-    q, k, v, past, decay, beta = _names(node, ins) + [None] * (6 - len(node.inputs))
+    q, k, v, past, decay, beta = aligned_inputs(node, ins) + [None] * (6 - len(node.inputs))
     y, pres = _out(node, outs, 0), _out(node, outs, 1)
     dk, dv, hq, hkv, t = g.dk, g.dv, g.hq, g.hkv, g.t
     scale = float(node.attr("scale", 0.0) or 0.0) or 1 / np.sqrt(dk)

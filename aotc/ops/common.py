@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from aotc.errors import AotcError
-from aotc.ir.graph import Node
+from aotc.ir.graph import Node, Value
 
 FLOAT_CTYPES = ("float", "double", "_Float16")
 
@@ -17,6 +17,11 @@ def broadcast_shapes(*shapes: tuple[int, ...], where: str = "") -> tuple[int, ..
         return tuple(int(d) for d in np.broadcast_shapes(*shapes))
     except ValueError:
         raise AotcError(f"{where}: shapes {', '.join(map(str, shapes))} do not broadcast") from None
+
+
+def optional_input(node: Node, i: int) -> Value | None:
+    """Input ``i``, or None when the node has fewer inputs or the slot is empty."""
+    return node.inputs[i] if i < len(node.inputs) else None
 
 
 def const_input(node: Node, i: int, what: str) -> np.ndarray | None:
@@ -34,6 +39,25 @@ def norm_axis(axis: int, rank: int, node: Node) -> int:
     if not -rank <= axis < max(rank, 1):
         raise AotcError(f"{node.op} node {node.name!r}: axis {axis} out of range for rank {rank}")
     return axis % rank if rank else 0
+
+
+def contiguous_strides(shape: tuple[int, ...] | list[int]) -> list[int]:
+    """Element strides of a C-contiguous tensor of ``shape``."""
+    strides, acc = [], 1
+    for d in reversed(shape):
+        strides.append(acc)
+        acc *= d
+    return strides[::-1]
+
+
+def c_array(ctype: str, name: str, values: np.ndarray) -> str:
+    """A ``static const`` C array of ``values`` (at least one element, as C requires)."""
+    vals = np.asarray(values).reshape(-1)
+    if ctype in ("float", "double"):
+        body = ", ".join(c_literal(float(v), ctype) for v in vals)
+    else:
+        body = ", ".join(f"{int(v)}" for v in vals)
+    return f"static const {ctype} {name}[{max(len(vals), 1)}] = {{{body or '0'}}};"
 
 
 def c_literal(x: float | int | bool, ctype: str) -> str:

@@ -19,7 +19,15 @@ import numpy as np
 from aotc.errors import AotcError
 from aotc.ir import dtypes
 from aotc.ir.graph import Node
-from aotc.ops.common import axis_layout, c_literal, const_input, norm_axis, row_loop_head
+from aotc.ops.common import (
+    axis_layout,
+    c_array,
+    c_literal,
+    const_input,
+    contiguous_strides,
+    norm_axis,
+    row_loop_head,
+)
 from aotc.ops.registry import OpDef, register
 
 Shape = tuple[int, ...]
@@ -34,23 +42,6 @@ def _in(node: Node, i: int = 0):
 
 def _where(node: Node) -> str:
     return f"{node.op} node {node.name!r}"
-
-
-def _strides(shape: Shape) -> list[int]:
-    res, acc = [], 1
-    for d in reversed(shape):
-        res.append(acc)
-        acc *= d
-    return res[::-1]
-
-
-def _carray(ctype: str, name: str, values: np.ndarray) -> str:
-    vals = values.reshape(-1)
-    if ctype in ("float", "double"):
-        body = ", ".join(c_literal(float(v), ctype) for v in vals)
-    else:
-        body = ", ".join(f"{int(v)}" for v in vals)
-    return f"static const {ctype} {name}[{max(len(vals), 1)}] = {{{body or '0'}}};"
 
 
 def separable_gather(x: str, y: str, ctype: str, out_shape: Shape, offsets: list[np.ndarray],
@@ -71,9 +62,9 @@ def separable_gather(x: str, y: str, ctype: str, out_shape: Shape, offsets: list
     for d, (off, w) in enumerate(zip(offsets, weights, strict=True)):
         off = np.asarray(off, np.int64).reshape(out_shape[d], -1)
         taps.append(off.shape[1])
-        lines.append(_carray("int64_t", f"{tag}o{d}", off))
+        lines.append(c_array("int64_t", f"{tag}o{d}", off))
         if w is not None:
-            lines.append(_carray(wtype, f"{tag}w{d}", np.asarray(w).reshape(off.shape)))
+            lines.append(c_array(wtype, f"{tag}w{d}", np.asarray(w).reshape(off.shape)))
     may_fill = any((np.asarray(o) < 0).any() for o in offsets)
     lines.append(f"for (size_t i0 = task; i0 < {out_shape[0]}; i0 += ntasks) {{")
     for d in range(1, rank):
@@ -130,7 +121,7 @@ def _tile_infer(node: Node):
 def _tile_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
     x = _in(node)
     out = node.outputs[0].shape
-    offs = [_dim_offsets(np.arange(n) % max(d, 1), s) for n, d, s in zip(out, x.shape, _strides(x.shape),
+    offs = [_dim_offsets(np.arange(n) % max(d, 1), s) for n, d, s in zip(out, x.shape, contiguous_strides(x.shape),
                                                                          strict=True)]
     return separable_gather(ins[0], outs[0], ctype, out, offs)
 
@@ -187,7 +178,7 @@ def _pad_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
     mode = node.attr("mode", "constant")
     out = node.outputs[0].shape
     offs = []
-    for n, d, s, (b, _) in zip(out, x.shape, _strides(x.shape), _pads(node), strict=True):
+    for n, d, s, (b, _) in zip(out, x.shape, contiguous_strides(x.shape), _pads(node), strict=True):
         idx, valid = _pad_index(np.arange(n) - b, d, mode)
         offs.append(_dim_offsets(idx, s, valid))
     if "value" in node.attrs:  # opset < 11
@@ -222,7 +213,7 @@ def _d2s_infer(node: Node):
 def _d2s_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
     x = _in(node)
     b = int(node.attr("blocksize"))
-    sn, sc, sh, sw = _strides(x.shape)
+    sn, sc, sh, sw = contiguous_strides(x.shape)
     on, oc, oh, ow = node.outputs[0].shape
     if node.op == "DepthToSpace":
         cp = oc
@@ -279,7 +270,7 @@ def _split_infer(node: Node):
 def _split_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
     x = _in(node)
     axis, sizes = _split_sizes(node)
-    strides = _strides(x.shape)
+    strides = contiguous_strides(x.shape)
     code, start = [], 0
     for k, (y, s) in enumerate(zip(outs, sizes, strict=True)):
         shape = (*x.shape[:axis], s, *x.shape[axis + 1:])
@@ -424,7 +415,7 @@ def _resize_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str
     is_float = ctype in ("float", "double", "_Float16")
     for d in range(rank):
         n_in, n_out = x.shape[d], out[d]
-        stride = _strides(x.shape)[d]
+        stride = contiguous_strides(x.shape)[d]
         ident = n_in == n_out and abs(scales[d] - 1) < 1e-12 and (
             roi is None or (roi[d] == 0 and roi[rank + d] == 1))
         if ident:
@@ -606,7 +597,7 @@ register(OpDef("Trilu", "kernel", _same, emit=_trilu_emit, const_inputs=(1,)))
 # -- GatherElements, GatherND, ScatterElements, ScatterND, OneHot --------------------------------------------
 def _unravel(name: str, shape: Shape) -> list[str]:
     """C expressions of the multi-index of flat index ``name`` in ``shape``."""
-    strides = _strides(shape)
+    strides = contiguous_strides(shape)
     return [f"(({name} / {s}) % {d})" for s, d in zip(strides, shape, strict=True)]
 
 
@@ -629,7 +620,7 @@ def _gather_elements_emit(node: Node, ins: list[str], outs: list[str], ctype: st
         return "(void)0;"
     pos = _unravel("e", idx.shape)
     pos[axis] = _fix_index(f"{ins[1]}[e]", x.shape[axis])
-    off = " + ".join(f"(size_t){p} * {s}" for p, s in zip(pos, _strides(x.shape), strict=True))
+    off = " + ".join(f"(size_t){p} * {s}" for p, s in zip(pos, contiguous_strides(x.shape), strict=True))
     return f"for (size_t e = task; e < {n}; e += ntasks) {outs[0]}[e] = {ins[0]}[{off or 0}];"
 
 
@@ -646,7 +637,7 @@ def _scatter_elements_emit(node: Node, ins: list[str], outs: list[str], ctype: s
     axis = norm_axis(node.attr("axis", 0), len(x.shape), node)
     pos = _unravel("e", idx.shape)
     pos[axis] = _fix_index(f"{ins[1]}[e]", x.shape[axis])
-    off = " + ".join(f"(size_t){p} * {s}" for p, s in zip(pos, _strides(x.shape), strict=True))
+    off = " + ".join(f"(size_t){p} * {s}" for p, s in zip(pos, contiguous_strides(x.shape), strict=True))
     red = node.attr("reduction", "none")
     upd = _SCATTER_UPDATE[red]
     # Sequential: later updates win, like the reference; one task does it all.
@@ -673,7 +664,7 @@ def _gather_nd_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> 
     inner = int(np.prod(x.shape[b + q:]))
     nb = int(np.prod(x.shape[:b]))
     per_batch = int(np.prod(idx.shape[b:-1]))
-    xs = _strides(x.shape)
+    xs = contiguous_strides(x.shape)
     terms = " + ".join(f"(size_t){_fix_index(f'{ins[1]}[j * {q} + {t}]', x.shape[b + t])} * {xs[b + t]}"
                        for t in range(q)) or "0"
     return (f"for (size_t j = task; j < {nb * per_batch}; j += ntasks) {{\n"
@@ -689,7 +680,7 @@ def _scatter_nd_emit(node: Node, ins: list[str], outs: list[str], ctype: str) ->
     q = idx.shape[-1]
     inner = int(np.prod(x.shape[q:]))
     n = int(np.prod(idx.shape[:-1]))
-    xs = _strides(x.shape)
+    xs = contiguous_strides(x.shape)
     terms = " + ".join(f"(size_t){_fix_index(f'{ins[1]}[j * {q} + {t}]', x.shape[t])} * {xs[t]}"
                        for t in range(q)) or "0"
     red = node.attr("reduction", "none")
@@ -825,7 +816,7 @@ def _einsum_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str
     factors = []
     for k, t in enumerate(terms):
         shape = _in(node, k).shape
-        st = _strides(shape)
+        st = contiguous_strides(shape)
         off = " + ".join(f"{c}_ * {s}" if d != 1 else "0" for c, s, d in zip(t, st, shape, strict=True)) or "0"
         factors.append(f"{ins[k]}[{off}]")
     lines.append(f"    acc += {' * '.join(factors)};")
@@ -868,7 +859,7 @@ def _ccp_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
     x = _in(node)
     out, start = _ccp_params(node)
     offs = []
-    for n, d, s, st in zip(out, x.shape, _strides(x.shape), start, strict=True):
+    for n, d, s, st in zip(out, x.shape, contiguous_strides(x.shape), start, strict=True):
         j = np.arange(n) + st
         offs.append(_dim_offsets(np.clip(j, 0, max(d - 1, 0)), s, (j >= 0) & (j < d)))
     return separable_gather(ins[0], outs[0], ctype, out, offs, fill=c_literal(0, ctype))
@@ -883,7 +874,7 @@ def _revseq_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str
     x = _in(node)
     ta = norm_axis(node.attr("time_axis", 0), len(x.shape), node)
     ba = norm_axis(node.attr("batch_axis", 1), len(x.shape), node)
-    st = _strides(x.shape)
+    st = contiguous_strides(x.shape)
     return (f"for (size_t e = task; e < {x.size}; e += ntasks) {{\n"
             f"  const int64_t t = (int64_t)((e / {st[ta]}) % {x.shape[ta]});\n"
             f"  const int64_t n = (int64_t){ins[1]}[(e / {st[ba]}) % {x.shape[ba]}];\n"
@@ -917,7 +908,7 @@ def _compress_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> s
     out = node.outputs[0].shape
     if axis is None:
         return separable_gather(ins[0], outs[0], ctype, out, [sel.reshape(-1, 1)])
-    st = _strides(x.shape)
+    st = contiguous_strides(x.shape)
     offs = [(sel if d == axis else np.arange(n)) * st[d] for d, n in enumerate(out)]
     return separable_gather(ins[0], outs[0], ctype, out, [np.asarray(o, np.int64).reshape(-1, 1) for o in offs])
 
@@ -949,7 +940,7 @@ def _affine_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str
     # The output's last axis is (x, y[, z]): x follows the last spatial dim.
     coords = np.stack(np.meshgrid(*[base(n) for n in spatial], indexing="ij")[::-1], -1).reshape(-1, k)
     npts = coords.shape[0]
-    table = _carray("double", "base", coords)
+    table = c_array("double", "base", coords)
     return (table + f"\nfor (size_t e = task; e < {size[0] * npts}; e += ntasks) {{\n"
             f"  const size_t n = e / {max(npts, 1)}, q = e % {max(npts, 1)};\n"
             f"  const {ctype} *th = {ins[0]} + n * {k * (k + 1)};\n"

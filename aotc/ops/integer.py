@@ -16,26 +16,22 @@ from aotc.errors import AotcError
 from aotc.ir import dtypes
 from aotc.ir.graph import Node, Value
 from aotc.ops import conv as conv_ops
-from aotc.ops.common import aligned_inputs, broadcast_shapes
+from aotc.ops.common import aligned_inputs, broadcast_shapes, optional_input
 from aotc.ops.registry import OpDef, register
 
 _INT8 = (np.int8, np.uint8)
 
 
-def _opt(node: Node, i: int) -> Value | None:
-    return node.inputs[i] if i < len(node.inputs) else None
-
-
 def _int8(node: Node, *idx: int) -> None:
     for i in idx:
-        v = _opt(node, i)
+        v = optional_input(node, i)
         if v is not None and v.dtype not in _INT8:
             raise AotcError(f"{node.op} node {node.name!r}: input {i} has dtype {v.dtype}; int8/uint8 expected")
 
 
 def _param(node: Node, i: int, name: str | None, along: str, n: int) -> str:
     """A C expression for a scale or zero point: absent (0), one value, or one per ``along`` (length n)."""
-    v = _opt(node, i)
+    v = optional_input(node, i)
     if v is None or name is None:
         return "0"
     if v.size == 1:
@@ -78,7 +74,7 @@ def _mm_infer(node: Node):
     a, b = _mm_operands(node)
     if node.op == "QLinearMatMul":
         _int8(node, 0, 2, 3, 5, 7)
-        yzp = _opt(node, 7)
+        yzp = optional_input(node, 7)
         dt = yzp.dtype if yzp is not None else a.dtype
     else:
         _int8(node, 0, 1, 2, 3)
@@ -151,7 +147,7 @@ def _conv_infer(node: Node):
     assert x is not None
     if node.op == "QLinearConv":
         _int8(node, 0, 2, 3, 5, 7)
-        yzp = _opt(node, 7)
+        yzp = optional_input(node, 7)
         dt = yzp.dtype if yzp is not None else x.dtype
     else:
         _int8(node, 0, 1, 2, 3)

@@ -13,7 +13,7 @@ import numpy as np
 
 from aotc.errors import AotcError
 from aotc.ir.graph import Node
-from aotc.ops.common import FLOAT_CTYPES, c_literal
+from aotc.ops.common import FLOAT_CTYPES, c_array
 from aotc.ops.registry import OpDef, register
 
 _ML = "ai.onnx.ml."
@@ -155,11 +155,6 @@ def _tree_infer(node: Node):
     return [((x.shape[0], int(node.attr("n_targets", 1))), x.dtype)]
 
 
-def _c_array(ctype: str, name: str, values: np.ndarray) -> str:
-    body = ", ".join(c_literal(float(v), "double") if ctype == "double" else str(int(v)) for v in values)
-    return f"static const {ctype} {name}[{max(values.size, 1)}] = {{{body or '0'}}};\n"
-
-
 def _tree_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
     x = _in(node)
     if ctype not in FLOAT_CTYPES:
@@ -177,12 +172,12 @@ def _tree_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
     combine = {0: "acc[tg] += w", 1: "acc[tg] += w", 2: "acc[tg] = w < acc[tg] ? w : acc[tg]",
                3: "acc[tg] = w > acc[tg] ? w : acc[tg]"}[agg]
     cmp = " : ".join(f"m == {m} ? ({c})" for m, c in _MODES.items())
-    lines = [_c_array("uint8_t", "te_mode", tb["modes"]), _c_array("int32_t", "te_feat", tb["feat"]),
-             _c_array("double", "te_split", tb["splits"]), _c_array("int32_t", "te_true", tb["true_child"]),
-             _c_array("int32_t", "te_false", tb["false_child"]), _c_array("uint8_t", "te_nan", tb["missing"]),
-             _c_array("double", "te_w", tb["weights"]), _c_array("int32_t", "te_tg", tb["targets"]),
-             _c_array("int32_t", "te_root", tb["roots"]), _c_array("int32_t", "te_lo", tb["set_lo"]),
-             _c_array("int32_t", "te_hi", tb["set_hi"]), _c_array("double", "te_set", tb["members"]),
+    lines = [c_array("uint8_t", "te_mode", tb["modes"]), c_array("int32_t", "te_feat", tb["feat"]),
+             c_array("double", "te_split", tb["splits"]), c_array("int32_t", "te_true", tb["true_child"]),
+             c_array("int32_t", "te_false", tb["false_child"]), c_array("uint8_t", "te_nan", tb["missing"]),
+             c_array("double", "te_w", tb["weights"]), c_array("int32_t", "te_tg", tb["targets"]),
+             c_array("int32_t", "te_root", tb["roots"]), c_array("int32_t", "te_lo", tb["set_lo"]),
+             c_array("int32_t", "te_hi", tb["set_hi"]), c_array("double", "te_set", tb["members"]),
              f"for (size_t r = task; r < {rows}; r += ntasks) {{",
              f"  double acc[{nt}];",
              f"  for (size_t j = 0; j < {nt}; j++) acc[j] = {init};",

@@ -15,7 +15,7 @@ import numpy as np
 
 from aotc.errors import AotcError
 from aotc.ir.graph import Node, Value
-from aotc.ops.common import c_literal, norm_axis
+from aotc.ops.common import c_literal, norm_axis, optional_input
 from aotc.ops.registry import OpDef, register
 
 LANES = 16
@@ -25,10 +25,6 @@ def _x(node: Node) -> Value:
     x = node.inputs[0]
     assert x is not None and x.shape is not None
     return x
-
-
-def _opt(node: Node, i: int) -> Value | None:
-    return node.inputs[i] if i < len(node.inputs) else None
 
 
 def _lane_sum(ctype: str, acc: str, xr: str, n: int, term: str) -> list[str]:
@@ -131,7 +127,7 @@ def _ln_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
     n = int(np.prod(norm_shape))
     rows = int(np.prod(x.shape[:axis]))
     s_len = _suffix_param(node, node.inputs[1], norm_shape, "Scale")
-    b = _opt(node, 2)
+    b = optional_input(node, 2)
     b_len = _suffix_param(node, b, norm_shape, "B")
     # Absent optional inputs are not passed: ins holds the present ones in order.
     b_name = ins[2] if b is not None else None

@@ -14,16 +14,14 @@ import numpy as np
 
 from aotc.errors import AotcError
 from aotc.ir.graph import Node
+from aotc.ops.common import const_input
 from aotc.ops.registry import OpDef, register
 
 
 def _const_int(node: Node, i: int, default: int | None) -> int | None:
-    v = node.inputs[i] if len(node.inputs) > i else None
-    if v is None:
-        return default
-    if not v.is_const:
-        raise AotcError(f"{node.op} node {node.name!r}: input {i} must be a compile-time constant")
-    return int(np.asarray(v.const).reshape(-1)[0])
+    """Scalar input ``i`` as an int (``default`` when absent); it must be a compile-time constant."""
+    v = const_input(node, i, f"input {i}")
+    return default if v is None else int(np.asarray(v).reshape(-1)[0])
 
 
 def _twiddles(n: int, name: str) -> str:

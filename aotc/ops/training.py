@@ -71,7 +71,7 @@ def _emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
     states = _STATE[node.op.removeprefix(_DOMAIN)]
     pre, body = _step(node, ctype)
     lines = [f"const {ctype} *R = {ins[0]};", f"const int64_t *T = {ins[1]};", *pre,
-             "(void)task; if (task != 0) return;", "(void)ntasks;"]
+             "if (task != 0) return;  /* one task: the tensors are small */", "(void)ntasks;"]
     for i in range(n):
         v = node.inputs[2 + i]
         assert v is not None

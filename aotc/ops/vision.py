@@ -13,7 +13,8 @@ import numpy as np
 
 from aotc.errors import AotcError
 from aotc.ir.graph import Node, Value
-from aotc.ops.common import aligned_inputs, c_literal, const_input
+from aotc.ops.common import aligned_inputs, c_literal, const_input, contiguous_strides
+from aotc.ops.elementwise import math_fn
 from aotc.ops.registry import OpDef, register
 
 
@@ -28,19 +29,10 @@ def _float(node: Node, v: Value) -> None:
         raise AotcError(f"{node.op} node {node.name!r}: dtype {v.dtype} not supported")
 
 
-def _fn(name: str, ctype: str) -> str:
-    """The libm function ``name`` for ``ctype`` (floorf for float, floor for double)."""
-    return name + "f" if ctype == "float" else name
-
-
 def _clamped(x: str, lo: float, hi: float, ctype: str) -> str:
     """``x`` clamped to [lo, hi]; NaN becomes lo."""
     a, b = c_literal(lo, ctype), c_literal(hi, ctype)
     return f"({x} >= {a} ? ({x} <= {b} ? {x} : {b}) : {a})"
-
-
-def _strides(shape: tuple[int, ...] | list[int]) -> list[int]:
-    return [int(np.prod(shape[k + 1:])) for k in range(len(shape))]
 
 
 # -- GridSample --------------------------------------------------------------------------------------
@@ -64,7 +56,7 @@ def _reflect(v: str, lo: float, hi: float, ctype: str) -> str:
     if rng <= 0:
         return f"{v} = {c_literal(lo, ctype)};"
     a, b, r, r2 = (c_literal(t, ctype) for t in (lo, hi, rng, 2 * rng))
-    fmod = _fn("fmod", ctype)
+    fmod = math_fn("fmod", ctype)
     return (f"if ({v} < {a}) {{ const {ctype} m = {fmod}({a} - {v}, {r2}); "
             f"{v} = m < {r} ? {a} + m : {b} - (m - {r}); }}"
             f" else if ({v} > {b}) {{ const {ctype} m = {fmod}({v} - {b}, {r2}); "
@@ -88,7 +80,7 @@ def _gs_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
         raise AotcError(f"GridSample node {node.name!r}: empty input image")
     taps = {"nearest": 1, "linear": 2, "cubic": 4}[mode]
     first = {"nearest": 0, "linear": 0, "cubic": -1}[mode]  # the first tap's offset from floor(x)
-    stride = _strides(sp)
+    stride = contiguous_strides(sp)
     lines = [f"for (size_t r = task; r < {n * p}; r += ntasks) {{",
              f"  const {ctype} *gp = {ins[1]} + r * {d};",
              f"  size_t off[{d}][{taps}]; {ctype} wt[{d}][{taps}]; _Bool ok[{d}][{taps}];"]
@@ -99,7 +91,7 @@ def _gs_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
                   f"((gp[{d - 1 - k}] + 1) * {c_literal(size, ctype)} - 1) / 2")
         body = [f"{ctype} v = {denorm};"]
         if mode == "nearest":
-            body.append(f"v = {_fn('nearbyint', ctype)}(v);")
+            body.append(f"v = {math_fn('nearbyint', ctype)}(v);")
         # Bicubic with border padding clamps each tap only, like onnxruntime and PyTorch (onnx's
         # reference clamps an outside coordinate first, which changes the weights near the border).
         if pad == "border" and mode != "cubic":
@@ -111,7 +103,7 @@ def _gs_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
         if mode == "nearest":
             body += ["const long i0 = (long)v;", f"wt[{k}][0] = 1;"]
         else:
-            body += [f"const long i0 = (long){_fn('floor', ctype)}(v);",
+            body += [f"const long i0 = (long){math_fn('floor', ctype)}(v);",
                      f"const {ctype} t = v - ({ctype})i0;"]
             if mode == "linear":
                 body += [f"wt[{k}][0] = 1 - t; wt[{k}][1] = t;"]
@@ -180,7 +172,7 @@ def _roi_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
     # Samples per bin: sampling_ratio, else adaptive; capped so that a malformed roi far larger than
     # the image cannot loop for ever (its samples past the image contribute zero anyway).
     cap = 4 * max(h, w) + 4
-    ceil = _fn("ceil", ctype)
+    ceil = math_fn("ceil", ctype)
 
     def grid(extent: str, bins: int) -> str:
         if ratio > 0:
@@ -263,7 +255,7 @@ def _unpool_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str
     if inferred == out:
         target = "(size_t)k"
     else:  # indices count in the unpooled shape, which sits at the output's origin
-        st_i, st_o = _strides(inferred), _strides(out)
+        st_i, st_o = contiguous_strides(inferred), contiguous_strides(out)
         target = " + ".join(f"((size_t)k / {st_i[a]} % {inferred[a]}) * {st_o[a]}" for a in range(len(out)))
     # Indices may repeat or point anywhere: one task scatters, in order, so the last write wins.
     return ("if (task != 0) return;\n"
@@ -306,7 +298,7 @@ def _col2im_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str
     d, kk, nl, isz = len(img), int(np.prod(blk)), int(np.prod(nblocks)), int(np.prod(img))
     if n * c * isz == 0:
         return "/* empty */"
-    sk, sl, si = _strides(blk), _strides(nblocks), _strides(img)
+    sk, sl, si = contiguous_strides(blk), contiguous_strides(nblocks), contiguous_strides(img)
     pos = [f"const int64_t p{a} = (int64_t)((l / {sl[a]}) % {nblocks[a]}) * {strides[a]} - {pads[a]} + "
            f"(int64_t)((k / {sk[a]}) % {blk[a]}) * {dil[a]};" for a in range(d)]
     inside = " && ".join(f"p{a} >= 0 && p{a} < {img[a]}" for a in range(d))
@@ -363,7 +355,7 @@ def _deform_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str
     kk, p, cg, ocg = kh * kw, oh * ow, c // g, oc // g
     if n * oc * p == 0:
         return "/* empty */"
-    fl = _fn("floor", ctype)
+    fl = math_fn("floor", ctype)
     # Bilinear sampling with zeros outside the image (GridSample, align_corners=1, zeros padding).
     return "\n".join([
         f"for (size_t r = task; r < {n * p}; r += ntasks) {{",
