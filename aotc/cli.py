@@ -181,7 +181,7 @@ def _cmd_profile(args: argparse.Namespace) -> None:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> None:
-    from aotc.frontends.onnx import list_ops, load_model
+    from aotc.frontends.onnx import FRONTEND_OPS, list_ops, load_model
     from aotc.ops import OPS
 
     model = load_model(args.model)
@@ -199,7 +199,7 @@ def _cmd_inspect(args: argparse.Namespace) -> None:
     print("ops:")
     missing = []
     for op, n in sorted(ops.items()):
-        ok = op in OPS or op == "Constant"
+        ok = op in OPS or op in FRONTEND_OPS
         print(f"  {op:24s} x{n}{'' if ok else '   UNSUPPORTED'}")
         if not ok:
             missing.append(op)

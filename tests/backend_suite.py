@@ -33,11 +33,17 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from aotc.frontends.sequences import SEQUENCE_OPS
+
 MODEL_GROUPS = ("simple", "pytorch-converted", "pytorch-operator", "real")
 DEFAULT_RTOL, DEFAULT_ATOL = 1e-3, 1e-7
 GROUP_SIZE = 128  # cases per merged model
 # Ops the frontend handles itself rather than through aotc.ops.OPS.
-FRONTEND_OPS = {"Constant", "If"}
+FRONTEND_OPS = {"Constant", "If", "Loop", "Scan"} | SEQUENCE_OPS
+# Sequences are lists of tensors; an absent optional is None.
+Value = np.ndarray | list[np.ndarray] | None
+# The ops frontends/sequences.py emits, besides its inputs' own (for SequenceMap: its body's) ops.
+SEQUENCE_EMITTED_OPS = frozenset({"Identity", "Concat", "Unsqueeze", "Split", "Squeeze", "Where"})
 
 
 @dataclass
@@ -46,8 +52,8 @@ class BackendCase:
     group: str                  # "node" or a model group
     op: str                     # the op under test ("model" for the model groups)
     model: onnx.ModelProto
-    inputs: list[np.ndarray]    # in the order of the graph's (non-initializer) inputs
-    outputs: list[np.ndarray]   # expected, in the order of the graph's outputs
+    inputs: list[Value]         # in the order of the graph's (non-initializer) inputs
+    outputs: list[Value]        # expected, in the order of the graph's outputs
     rtol: float = DEFAULT_RTOL
     atol: float = DEFAULT_ATOL
     ops: frozenset[str] = field(default_factory=frozenset)
@@ -70,14 +76,16 @@ def _has_subgraph(node: onnx.NodeProto) -> bool:
 
 
 def _node_ops(nodes: Iterable[onnx.NodeProto]) -> set[str]:
-    """Op keys of ``nodes``. The frontend inlines If (its branches' ops count instead); any other
-    subgraph-carrying node counts as unsupported whatever its type."""
-    from aotc.frontends.control_flow import INLINED_OPS
+    """Op keys of ``nodes``. The frontend inlines If, Loop, Scan and FlexAttention's modifier graphs
+    (their subgraphs' ops and the ops the rewriting emits count too); any other subgraph-carrying
+    node counts as unsupported whatever its type."""
+    from aotc.frontends.control_flow import EMITTED_OPS, is_inlined
 
     ops = set()
     for n in nodes:
-        if n.op_type in INLINED_OPS:
+        if is_inlined(n) or op_key(n) == "SequenceMap":  # SequenceMap: unrolled by frontends/sequences.py
             ops.add(op_key(n))
+            ops |= EMITTED_OPS.get(op_key(n), SEQUENCE_EMITTED_OPS)
             for a in n.attribute:
                 if a.type == onnx.AttributeProto.GRAPH:
                     ops |= _node_ops(a.g.node)
@@ -97,12 +105,30 @@ def _to_array(x: object) -> np.ndarray | None:
         return x
     if isinstance(x, (np.generic, int, float, bool)):
         return np.asarray(x)
-    return None  # sequences, optionals, maps: aotc only handles tensors
+    return None
 
 
-def _tensors(xs: Iterable[object]) -> list[np.ndarray] | None:
-    res = [_to_array(x) for x in xs]
-    return None if any(r is None for r in res) else res  # type: ignore[return-value]
+def _to_value(x: object) -> Value:
+    """A tensor, a sequence of tensors (a list) or an absent optional (None); TypeError for the rest
+    (maps, sequences of sequences), which aotc does not handle."""
+    if x is None:
+        return None
+    if isinstance(x, list):
+        res = [_to_array(e) for e in x]
+        if any(r is None for r in res):
+            raise TypeError("a sequence of non-tensors")
+        return res  # type: ignore[return-value]
+    a = _to_array(x)
+    if a is None:
+        raise TypeError(type(x).__name__)
+    return a
+
+
+def _tensors(xs: Iterable[object]) -> list[Value] | None:
+    try:
+        return [_to_value(x) for x in xs]
+    except TypeError:
+        return None
 
 
 _EXPANDED = re.compile(r"_expanded(_ver\d+)?$")
@@ -127,7 +153,7 @@ def load_node_cases() -> list[BackendCase]:
         ins, outs = t.data_sets[0]
         ins_a, outs_a = _tensors(ins), _tensors(outs)
         ops = _case_ops(t.model)
-        if ins_a is None or outs_a is None:  # sequences, optionals: aotc only handles tensors
+        if ins_a is None or outs_a is None:  # maps: aotc handles tensors, sequences and optionals
             ins_a, outs_a, ops = [], [], ops | {"[non-tensor]"}
         cases.append(BackendCase(t.name, "node", main_op(base.model), t.model, ins_a, outs_a,
                                  t.rtol, t.atol, ops))
@@ -218,17 +244,21 @@ def _graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
 
 def frozen_inputs(model: onnx.ModelProto) -> set[str]:
     """Graph inputs that determine an op's compile-time-constant operand (a Reshape's shape, a
-    reduction's axes, a Range's bounds, directly or through other nodes). The suite feeds those as
-    inputs; aotc compiles for static shapes, so the runner pins them to the case's values as
-    initializers, as a user pins shapes with ``--input-shape``. Shape/Size only read shapes, so the
-    walk stops there."""
+    reduction's axes, a Range's bounds, a Loop's trip count, directly or through other nodes). The
+    suite feeds those as inputs; aotc compiles for static shapes, so the runner pins them to the
+    case's values as initializers, as a user pins shapes with ``--input-shape``. Shape/Size only read
+    shapes, so the walk stops there. It goes through subgraphs: a value an If or Loop produces depends
+    on everything its subgraphs read."""
+    from aotc.frontends.control_flow import STATIC_INPUTS
     from aotc.ops import OPS
 
-    producer = {o: n for n in model.graph.node for o in n.output}
+    nodes = list(_all_nodes(model.graph.node))
+    producer = {o: n for n in nodes for o in n.output}
     todo = []
-    for n in model.graph.node:
+    for n in nodes:
         op = OPS.get(op_key(n))
-        todo += [n.input[i] for i in (op.const_inputs if op else ()) if i < len(n.input) and n.input[i]]
+        static = op.const_inputs if op else STATIC_INPUTS.get(op_key(n), SEQUENCE_CONST_INPUTS.get(op_key(n), ()))
+        todo += [n.input[i] for i in static if i < len(n.input) and n.input[i]]
     seen: set[str] = set()
     while todo:
         name = todo.pop()
@@ -236,14 +266,31 @@ def frozen_inputs(model: onnx.ModelProto) -> set[str]:
             continue
         seen.add(name)
         p = producer.get(name)
-        if p is not None and p.op_type not in ("Shape", "Size"):
-            todo += [x for x in p.input if x]
+        if p is not None and p.op_type not in ("Shape", "Size", "SequenceLength"):
+            todo += [x for x in p.input if x] + [x for sub in _all_nodes(_subgraph_nodes(p)) for x in sub.input]
+            todo += [o.name for a in p.attribute if a.type == onnx.AttributeProto.GRAPH for o in a.g.output]
     return seen & {vi.name for vi in model.graph.input}
 
 
-def merge(cases: list[BackendCase]) -> tuple[onnx.ModelProto, dict[str, np.ndarray], list[list[str]]]:
+def _subgraph_nodes(node: onnx.NodeProto) -> list[onnx.NodeProto]:
+    return [m for a in node.attribute if a.type == onnx.AttributeProto.GRAPH for m in a.g.node]
+
+
+def _all_nodes(nodes: Iterable[onnx.NodeProto]) -> Iterable[onnx.NodeProto]:
+    """``nodes`` and the nodes of their subgraphs, at any depth."""
+    for n in nodes:
+        yield n
+        yield from _all_nodes(_subgraph_nodes(n))
+
+
+# Positions and split sizes of the sequence ops, which frontends/sequences.py needs as constants.
+SEQUENCE_CONST_INPUTS = {"SequenceInsert": (2,), "SequenceErase": (1,), "SequenceAt": (1,), "SplitToSequence": (1,)}
+
+
+def merge(cases: list[BackendCase]) -> tuple[onnx.ModelProto, dict[str, np.ndarray | None], list[list[str]]]:
     """One model holding ``cases`` as independent subgraphs (they must share the opset); returns it,
-    the feeds, and per case its output names in the merged model."""
+    the feeds, and per case its output names in the merged model. A sequence input ``x`` is fed as
+    ``x.0``, ``x.1``, ... (how aotc's C API takes it); an absent optional input's feed is None."""
     nodes, inputs, inits, outputs, feeds, out_names = [], [], [], [], {}, []
     single = len(cases) == 1
     for i, c in enumerate(cases):
@@ -271,11 +318,18 @@ def merge(cases: list[BackendCase]) -> tuple[onnx.ModelProto, dict[str, np.ndarr
             if vi.name in frozen:
                 inits.append(numpy_helper.from_array(x, ren(vi.name)))
                 continue
+            if isinstance(x, list) and not x:  # an empty sequence holds no data: no input in C
+                nodes.insert(0, onnx.helper.make_node("SequenceEmpty", [], [ren(vi.name)],
+                                                   dtype=_sequence_elem_type(vi.type)))
+                continue
             w = onnx.ValueInfoProto()
             w.CopyFrom(vi)
             w.name = ren(vi.name)
             inputs.append(w)
-            feeds[w.name] = x
+            if isinstance(x, list):
+                feeds.update({f"{w.name}.{j}": e for j, e in enumerate(x)})
+            else:
+                feeds[w.name] = x
         names = []
         for vi in g.output:
             w = onnx.ValueInfoProto()
@@ -290,12 +344,29 @@ def merge(cases: list[BackendCase]) -> tuple[onnx.ModelProto, dict[str, np.ndarr
     return model, feeds, out_names
 
 
+def _is_sequence(t: onnx.TypeProto) -> bool:
+    return t.HasField("sequence_type") or t.optional_type.elem_type.HasField("sequence_type")
+
+
+def _sequence_elem_type(t: onnx.TypeProto) -> int:
+    if t.HasField("optional_type"):
+        t = t.optional_type.elem_type
+    return t.sequence_type.elem_type.tensor_type.elem_type or onnx.TensorProto.FLOAT
+
+
 # -- running and comparing -----------------------------------------------------------------------------
-def compare(case: BackendCase, got: list[np.ndarray]) -> str | None:
-    """None when ``got`` matches the expected outputs as onnx's backend runner checks them."""
+def compare(case: BackendCase, got: list[Value]) -> str | None:
+    """None when ``got`` matches the expected outputs as onnx's backend runner checks them (a
+    sequence element by element)."""
     if len(got) != len(case.outputs):
         return f"{len(got)} outputs, expected {len(case.outputs)}"
+    flat_got, flat_want = [], []
     for i, (g, w) in enumerate(zip(got, case.outputs, strict=True)):
+        if _kind(g) != _kind(w):
+            return f"output {i}: {_kind(g)}, expected {_kind(w)}"
+        flat_got += g if isinstance(g, list) else [] if g is None else [g]
+        flat_want += w if isinstance(w, list) else [] if w is None else [w]
+    for i, (g, w) in enumerate(zip(flat_got, flat_want, strict=True)):
         g, w = np.asarray(g), np.asarray(w)
         if g.shape != w.shape:
             return f"output {i}: shape {g.shape}, expected {w.shape}"
@@ -307,6 +378,10 @@ def compare(case: BackendCase, got: list[np.ndarray]) -> str | None:
             msg = " ".join(str(e).split())
             return f"output {i}: values differ: {msg[:600]}"
     return None
+
+
+def _kind(v: Value) -> str:
+    return "absent" if v is None else f"a sequence of {len(v)}" if isinstance(v, list) else "a tensor"
 
 
 Result = tuple[str, str]  # ("pass" | "fail" | "error", detail)
@@ -324,17 +399,27 @@ class Runner:
         self.compiles = 0
         self.log = log or (lambda _m: None)
 
-    def _compile_run(self, cases: list[BackendCase]) -> list[list[np.ndarray]]:
+    def _compile_run(self, cases: list[BackendCase]) -> list[list[Value]]:
         import aotc
 
         model, feeds, out_names = merge(cases)
-        shapes = {k: tuple(v.shape) for k, v in feeds.items()}
+        shapes = {k: None if v is None else tuple(v.shape) for k, v in feeds.items()}
         self.count += 1
         self.compiles += 1
         out_dir = self.work_dir / f"m{self.count}"
         m = aotc.compile(model, out_dir=str(out_dir), name="b", input_shapes=shapes, extra_cflags=self.cflags)
-        got = iter(m.run(feeds))
-        return [[next(got) for _ in names] for names in out_names]
+        results = m.run({k: v for k, v in feeds.items() if v is not None})
+        got = dict(zip([t.name for t in m.outputs], results, strict=True))
+        seqs = {vi.name for vi in model.graph.output if _is_sequence(vi.type)}
+
+        def output(name: str) -> Value:  # a sequence output y comes back as y.0, y.1, ...
+            if name not in seqs:
+                return got[name]
+            n = 0
+            while f"{name}.{n}" in got:
+                n += 1
+            return [got[f"{name}.{j}"] for j in range(n)]
+        return [[output(n) for n in names] for names in out_names]
 
     def run(self, cases: list[BackendCase]) -> None:
         todo = [c for c in cases if c.id not in self.results]

@@ -8,6 +8,8 @@ graph, so the user sees every unsupported op in one error.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +19,7 @@ from onnx import numpy_helper
 
 from aotc.errors import AotcError, UnsupportedOpsError
 from aotc.frontends.control_flow import inline_control_flow
+from aotc.frontends.sequences import SEQUENCE_OPS, resolve_sequences
 from aotc.ir import dtypes
 from aotc.ir.graph import Graph, Value
 from aotc.ops import OPS
@@ -81,9 +84,10 @@ def _value_type(vi: onnx.ValueInfoProto) -> tuple[list[int | str | None], np.dty
     return dims, dtypes.from_onnx(t.elem_type)
 
 
-def import_onnx(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]] | None = None,
+def import_onnx(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...] | None] | None = None,
                 name: str = "model") -> Graph:
-    """Translate ``model`` into a Graph. ``shapes`` pins input shapes (required for dynamic dims)."""
+    """Translate ``model`` into a Graph. ``shapes`` pins input shapes (required for dynamic dims;
+    sequence inputs' elements as ``name.0``, ``name.1``, ...; None leaves an optional input absent)."""
     shapes = dict(shapes or {})
     opset = _default_opset(model)
     if opset < MIN_OPSET:
@@ -94,7 +98,11 @@ def import_onnx(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]] | Non
         except Exception as e:
             raise AotcError(f"cannot inline the model's local functions: {e}") from None
 
-    model = inline_control_flow(model)
+    # Sequence inputs and lengths first (a Loop over a sequence needs its trip count), then the rest
+    # of the sequences and optionals once control flow is plain dataflow.
+    model, pinned = resolve_sequences(model, shapes, final=False)
+    model, pinned = resolve_sequences(inline_control_flow(model, pinned), pinned)
+    shapes = dict(pinned)
 
     g = Graph(name)
     g.opset = opset
@@ -194,10 +202,28 @@ def _np_or_none(elem: int) -> np.dtype:
         return np.dtype("V1")
 
 
+# Ops the frontend rewrites away rather than translating through aotc.ops.OPS.
+FRONTEND_OPS = frozenset({"Constant"}) | SEQUENCE_OPS
+
+
 def list_ops(model: onnx.ModelProto) -> dict[str, int]:
-    """Op type -> number of nodes, for ``aotc inspect`` (If counts as the ops of its branches)."""
+    """Op type -> number of nodes, for ``aotc inspect`` (If counts as the ops of its branches,
+    SequenceMap as itself and the ops of its body)."""
     counts: dict[str, int] = {}
-    for node in inline_control_flow(model).graph.node:
-        key = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
-        counts[key] = counts.get(key, 0) + 1
+
+    def count(nodes: Iterable[onnx.NodeProto]) -> None:
+        for node in nodes:
+            key = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
+            counts[key] = counts.get(key, 0) + 1
+            if key == "SequenceMap":
+                for a in node.attribute:
+                    if a.type == onnx.AttributeProto.GRAPH:
+                        count(a.g.node)
+    with contextlib.suppress(AotcError):  # lengths unknown without input shapes: count them as they are
+        model = resolve_sequences(model, final=False)[0]
+    try:
+        nodes = inline_control_flow(model).graph.node
+    except AotcError:  # e.g. a Loop whose trip count is only known at run time: list it as it is
+        nodes = model.graph.node
+    count(nodes)
     return counts
