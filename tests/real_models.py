@@ -1,4 +1,4 @@
-"""Real architectures (timm CNNs and ViT, transformers BERT/GPT-2/DistilBERT) end to end.
+"""Real architectures (timm CNNs and ViT, transformers BERT/GPT-2/DistilBERT/T5 encoder) end to end.
 
 Models are built from their libraries' own code with random weights (fixed seed, no downloads),
 exported with ``torch.onnx.export`` (classic TorchScript exporter and the dynamo exporter), cached as
@@ -146,6 +146,10 @@ def _hf(kind: str) -> Callable:
             cfg = tf.DistilBertConfig(vocab_size=VOCAB, dim=128, n_layers=2, n_heads=2, hidden_dim=512,
                                       max_position_embeddings=128, **common)
             m, attr, mask = tf.DistilBertModel(cfg), "last_hidden_state", True
+        elif kind == "t5":
+            cfg = tf.T5Config(vocab_size=VOCAB, d_model=128, d_kv=32, d_ff=512, num_layers=2, num_heads=4,
+                              relative_attention_num_buckets=32, feed_forward_proj="gated-gelu", **common)
+            m, attr, mask = tf.T5EncoderModel(cfg), "last_hidden_state", True
         else:
             cfg = tf.GPT2Config(vocab_size=VOCAB, n_embd=128, n_layer=2, n_head=2, n_positions=128,
                                 use_cache=False, **common)
@@ -162,12 +166,15 @@ ARCHS = {a.name: a for a in [
     Arch("resnet18", _timm("resnet18"), "timm"),
     Arch("resnet18_gn", _timm("resnet18", norm_layer="groupnorm"), "timm"),  # GroupNorm for BatchNorm
     Arch("mobilenetv2_050", _timm("mobilenetv2_050"), "timm"),
+    Arch("mobilenetv3_small", _timm("mobilenetv3_small_050"), "timm"),
+    Arch("regnety_002", _timm("regnety_002"), "timm"),
     Arch("efficientnet_b0", _timm("efficientnet_b0"), "timm"),
     Arch("convnext_atto", _timm("convnext_atto"), "timm"),
     Arch("vit_tiny", _timm("vit_tiny_patch16_224", img_size=64, depth=4), "timm"),
     Arch("bert", _hf("bert"), "transformers"),
     Arch("gpt2", _hf("gpt2"), "transformers"),
     Arch("distilbert", _hf("distilbert"), "transformers"),
+    Arch("t5_encoder", _hf("t5"), "transformers"),
 ]}
 # (opset, dynamo): the classic exporter at 17 and the dynamo exporter at its native 18.
 EXPORTS = [(17, False), (18, True)]

@@ -327,3 +327,29 @@ def test_conv_portable_target(tmp_path, target: str) -> None:
     got = aotc.load(compile_model(model, tmp_path, "t", target_cpu=target).prefix).run(feeds)
     for c, g, wv in zip(cases, got, want, strict=True):
         assert_close(g, wv, c.rtol, c.atol, c.id)
+
+
+def test_conv_paths_sanitizers_run_clean(tmp_path) -> None:
+    """Every conv path's generated C under ASan and UBSan, through the generated test program (stored
+    outputs, then a 2-thread rerun): the padded copies, the stride-2 column split (widths with and
+    without a left pad, a row length that is not a multiple of the vector), the 1x1 panels."""
+    import subprocess
+
+    from test_c_library import CC
+
+    probe = subprocess.run([CC, "-fsanitize=address,undefined", "-x", "c", "-", "-o", str(tmp_path / "p")],
+                           input="int main(void){return 0;}", capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip("sanitizer runtime not available")
+    cases = [single("tiled", "Conv", [Inp((1, 8, 12, 11)), w(24, 8, 3, 3)], {"pads": [1, 1, 1, 1]}),
+             single("rows", "Conv", [Inp((1, 40, 7, 7)), w(40, 40, 1, 1), w(40)]),
+             single("dw_s2", "Conv", [Inp((1, 3, 41, 37)), w(3, 1, 3, 3)],
+                    {"group": 3, "pads": [1, 1, 1, 1], "strides": [2, 2]}),
+             single("dw_s2_nopad", "Conv", [Inp((1, 2, 40, 35)), w(2, 1, 3, 3)], {"group": 2, "strides": [2, 2]}),
+             single("dw_rows", "Conv", [Inp((1, 2, 70, 66)), w(2, 1, 3, 3)], {"group": 2, "pads": [1, 1, 1, 1]})]
+    model, _ = build_model(cases)
+    flags = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-O1"]
+    compile_model(model, tmp_path, "m", extra_cflags=flags, gen_test=True)
+    proc = subprocess.run([str(tmp_path / "m_test")], capture_output=True, text=True)
+    assert "runtime error" not in proc.stderr and "AddressSanitizer" not in proc.stderr, proc.stderr
+    assert proc.returncode == 0 and "m_test: PASSED" in proc.stdout, proc.stdout

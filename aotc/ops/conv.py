@@ -586,8 +586,25 @@ def _phase_scratch(g: Geometry) -> int:
     return (sh * sw * ph2 * pw2 + 15) // 16 * 16 + (nq + 15) // 16 * 16
 
 
+def _deinterleave2(fn: str, off: int) -> str:
+    """``{fn}_deint2(s, d0, d1, lo, hi)``: d0[m] = s[2m - off], d1[m] = s[2m + 1 - off] for lo <= m < hi, eight
+    columns per step through AVX2 shuffles (the even/odd lanes of two loads, then their 128-bit
+    halves put in order); needs hi - lo >= 8."""
+    return (f'#include <immintrin.h>\n__attribute__((target("avx2"))) static void {fn}_deint2('
+            "const float *restrict s, float *restrict d0, float *restrict d1, size_t lo, size_t hi) {\n"
+            "  for (size_t i = lo; i < hi; i += 8) {\n"
+            "    const size_t m = i + 8 <= hi ? i : hi - 8; /* the last step overlaps the one before */\n"
+            f"    const float *p = s + (2 * m - {off});\n"
+            "    const __m256 a = _mm256_loadu_ps(p), b = _mm256_loadu_ps(p + 8);\n"
+            "    const __m256d e = _mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88));\n"
+            "    const __m256d o = _mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xDD));\n"
+            "    _mm256_storeu_ps(d0 + m, _mm256_castpd_ps(_mm256_permute4x64_pd(e, 0xD8)));\n"
+            "    _mm256_storeu_ps(d1 + m, _mm256_castpd_ps(_mm256_permute4x64_pd(o, 0xD8)));\n"
+            "  }\n}\n")
+
+
 def _depthwise_phase(g: Geometry, x: str, w: str, b: str | None, y: str, isa: str,
-                     epi: Epilogue | None) -> str:
+                     epi: Epilogue | None, fn: str) -> tuple[str, str]:
     """Depthwise conv (1-D/2-D) via a zero-padded copy split into stride phases: padded element
     (i, j) goes to phase (i % sH, j % sW) at (i / sH, j / sW). Output (oh, ow) then reads tap (kh, kw)
     from one phase at (oh + kh*dh / sH, ow + kw*dw / sW): with "virtual" positions q = oh * PW2 + ow,
@@ -610,7 +627,12 @@ def _depthwise_phase(g: Geometry, x: str, w: str, b: str | None, y: str, isa: st
     # m that every phase has deinterleaves the row in a single pass; the few others go one by one.
     rng_ = [(max(0, -(-(pbw - pj) // sw)), min(pw2, (IW - 1 + pbw - pj) // sw + 1)) for pj in range(sw)]
     lo, hi = max(r[0] for r in rng_), min(r[1] for r in rng_)
-    if hi > lo:
+    helper = ""
+    if hi - lo >= 8 and sw == 2 and isa in ("avx2", "avx512"):
+        # Scalar stride-2 reads cost more than the whole conv: split 16 columns at a time in registers.
+        helper = _deinterleave2(fn, pbw)
+        copy.append(f"  {fn}_deint2(sr, dr, dr + {pp}, {lo}, {hi});")
+    elif hi > lo:
         copy.append(f"  for (size_t m = {lo}; m < {hi}; m++) {{ "
                     + " ".join(f"dr[{pj * pp} + m] = sr[m * {sw} + {pj - pbw}];" for pj in range(sw)) + " }")
     for pj, (a, b_) in enumerate(rng_):
@@ -651,7 +673,7 @@ def _depthwise_phase(g: Geometry, x: str, w: str, b: str | None, y: str, isa: st
     head = (f"float *restrict ph = scratch + task * (size_t){_phase_scratch(g)};\n"
             f"float *restrict vo = ph + {(sh * sw * pp + 15) // 16 * 16};\n"
             f"const size_t t0 = (size_t){g.n * g.m} * task / ntasks;\n")
-    return head + _task_loop(g.n * g.m, "\n".join("  " + ln for ln in lines))
+    return helper, head + _task_loop(g.n * g.m, "\n".join("  " + ln for ln in lines))
 
 
 # Edge columns are unrolled up to this many taps per row (more: a loop with column checks).
@@ -668,7 +690,7 @@ def _depthwise_conv(g: Geometry, x: str, w: str, b: str | None, y: str, isa: str
     as the whole interior of a 112x112 plane)."""
     mg = g.m // g.group
     if _use_phase(g):
-        return "", _depthwise_phase(g, x, w, b, y, isa, epi)
+        return _depthwise_phase(g, x, w, b, y, isa, epi, fn)
     ID, IH, IW = g.inp
     OD, OH, OW = g.out
     fma = isa in ("avx2", "avx512", "neon")  # fmaf is a slow libm call without hardware FMA
