@@ -133,3 +133,36 @@ def test_sanitizers_run_clean(tmp_path) -> None:
     proc = subprocess.run([str(tmp_path / "m_test")], capture_output=True, text=True)
     assert "runtime error" not in proc.stderr and "AddressSanitizer" not in proc.stderr, proc.stderr
     assert proc.returncode == 0 and "m_test: PASSED" in proc.stdout, proc.stdout
+
+
+BF16 = TensorProto.BFLOAT16
+# bfloat16 cases: causal GQA with a float mask and softcap; a KV cache with the raw scores; padded keys
+# with a window and the probabilities; the scores with the bias. Each is compared bit for bit.
+BF16_INPUTS: dict[str, tuple[int, tuple[int, ...]]] = {
+    "q1": (BF16, (2, 4, 5, 16)), "k1": (BF16, (2, 2, 9, 16)), "v1": (BF16, (2, 2, 9, 6)),
+    "m1": (BF16, (2, 1, 5, 9)),
+    "q2": (BF16, (1, 3, 8)), "k2": (BF16, (1, 2, 8)), "v2": (BF16, (1, 2, 10)),
+    "pk2": (BF16, (1, 2, 4, 4)), "pv2": (BF16, (1, 2, 4, 5)),
+    "q3": (BF16, (2, 2, 3, 4)), "k3": (BF16, (2, 2, 6, 4)), "v3": (BF16, (2, 2, 6, 4)), "n3": (I64, (2,)),
+}
+BF16_NODES = [  # onnx.reference stores empty output names as a value "": read "" before any node writes it
+    _att(["y2", "pko2", "pvo2", "qk2"], ["q2", "k2", "v2", "", "pk2", "pv2"], q_num_heads=2, kv_num_heads=2),
+    _att(["y3", "", "", "qk3"], ["q3", "k3", "v3", "", "", "", "n3"], is_causal=1, right_window_size=1,
+         left_window_size=2, qk_matmul_output_mode=3),
+    _att(["y1", "", "", "qk1"], ["q1", "k1", "v1", "m1"], is_causal=1, softcap=2.0, qk_matmul_output_mode=2),
+]
+BF16_OUTPUTS = ["y1", "qk1", "y2", "pko2", "pvo2", "qk2", "y3", "qk3"]
+
+
+def test_bfloat16_attention_rounds_like_the_reference(tmp_path) -> None:
+    """bfloat16 Attention rounds every step the reference rounds (Q and K scaled, the scores, softcap,
+    bias, x - max, exp, each addition of the softmax sum, the quotient), so it matches bit for bit."""
+    model = _model(BF16_NODES, BF16_INPUTS, BF16_OUTPUTS)
+    feeds = _feeds(BF16_INPUTS, {"n3": [5, 2]}, seed=3)
+    want = ReferenceEvaluator(model).run(None, feeds)
+    got = aotc.compile(model, out_dir=tmp_path, name="attbf").run(feeds)
+    for name, g, w in zip(BF16_OUTPUTS, got, want, strict=True):
+        assert g.dtype == w.dtype and g.shape == w.shape, name
+        same = (g.view(np.uint16) == w.view(np.uint16)) | (np.isnan(g.astype(np.float32))
+                                                            & np.isnan(w.astype(np.float32)))
+        assert same.all(), f"{name}: {np.count_nonzero(~same)} of {g.size} differ"

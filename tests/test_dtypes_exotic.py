@@ -230,3 +230,49 @@ def test_arithmetic_through_bindings(tmp_path) -> None:
         np.abs(ref2.astype(np.float32)).max() * 2 ** -7  # GEMM summation order: at most an ulp
     with pytest.raises(TypeError):
         m.run({"a": a.astype(np.float32), "b": b})
+
+
+@pytest.mark.parametrize("elem", [TensorProto.BFLOAT16, TensorProto.FLOAT16], ids=TensorProto.DataType.Name)
+def test_softmax_rounds_each_step_like_the_reference(tmp_path, elem: int) -> None:
+    """Softmax on bfloat16 and float16 rounds x - max, exp, the sum and the quotient as onnx.reference
+    (numpy / ml_dtypes) does, bit for bit: along the last axis (float16 sums in float32 there) and
+    along a middle axis (float16 then rounds each addition); rows long and short, with -inf and NaN."""
+    shape = (3, 37, 5)
+    nodes = [helper.make_node("Softmax", ["x"], ["last"]), helper.make_node("Softmax", ["x"], ["mid"], axis=1),
+             helper.make_node("Softmax", ["x"], ["first"], axis=0)]
+    vi = [helper.make_tensor_value_info(n, elem, list(shape)) for n in ("x", "last", "mid", "first")]
+    model = helper.make_model(helper.make_graph(nodes, "sm", vi[:1], vi[1:]),
+                              opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 9
+    dt = helper.tensor_dtype_to_np_dtype(elem)
+    x = (np.random.default_rng(elem).normal(size=shape) * 4).astype(dt)
+    x[0, 3, :] = -np.inf
+    x[1, :, 2] = -np.inf
+    x[2, 5, 1] = np.nan
+    from onnx.reference import ReferenceEvaluator
+    want = ReferenceEvaluator(model).run(None, {"x": x})
+    got = aotc.compile(model, out_dir=str(tmp_path), name="sm").run({"x": x})
+    for g, w, what in zip(got, want, ("last axis", "middle axis", "first axis"), strict=True):
+        _assert_same(g.reshape(-1), w.reshape(-1), what)
+
+
+def test_float16_matmul_and_conv_round_once(tmp_path) -> None:
+    """float16 MatMul and Conv accumulate in float and round once (a Conv's bias added after that
+    rounding), as numpy's float16 matmul in onnx.reference does: bit for bit."""
+    f16 = TensorProto.FLOAT16
+    nodes = [helper.make_node("MatMul", ["a", "b"], ["mm"]),
+             helper.make_node("Conv", ["x", "w", "cb"], ["cy"], pads=[1, 1, 1, 1])]
+    shapes = {"a": [2, 5, 24], "b": [24, 7], "x": [1, 3, 6, 6], "w": [4, 3, 3, 3], "cb": [4],
+              "mm": [2, 5, 7], "cy": [1, 4, 6, 6]}
+    vi = {n: helper.make_tensor_value_info(n, f16, s) for n, s in shapes.items()}
+    model = helper.make_model(helper.make_graph(nodes, "h", [vi[n] for n in ("a", "b", "x", "w", "cb")],
+                                                [vi["mm"], vi["cy"]]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    rng = np.random.default_rng(4)
+    feeds = {n: rng.uniform(-2, 2, shapes[n]).astype(np.float16) for n in ("a", "b", "x", "w", "cb")}
+    from onnx.reference import ReferenceEvaluator
+    want = ReferenceEvaluator(model).run(None, feeds)
+    got = aotc.compile(model, out_dir=str(tmp_path), name="h16").run(feeds)
+    for g, w, what in zip(got, want, ("MatMul", "Conv"), strict=True):
+        _assert_same(g.reshape(-1), w.reshape(-1), what)

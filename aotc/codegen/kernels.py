@@ -273,13 +273,15 @@ def _naive_matmul(k: Kernel, fn: str, args, names, ptrs) -> KernelSource:
     table = (f"static const size_t {fn}_aoff[{nb}] = {{{', '.join(map(str, a_off))}}};\n"
              f"static const size_t {fn}_boff[{nb}] = {{{', '.join(map(str, b_off))}}};\n")
     pa, pb, po = ptrs[id(a)], ptrs[id(b)], ptrs[id(out)]
+    # float16 accumulates in float and rounds once, as numpy's float16 matmul does.
+    acc, cast = ("float", "(float)") if t == "_Float16" else (t, "")
     body = (f"for (size_t bi = task; bi < {nb}; bi += ntasks)\n"
             f"  for (size_t i = 0; i < {m}; i++)\n"
             f"    for (size_t j = 0; j < {n}; j++) {{\n"
-            f"      {t} s = 0;\n"
-            f"      for (size_t p = 0; p < {kk}; p++) s += {pa}[{fn}_aoff[bi] + i * {kk} + p] * "
-            f"{pb}[{fn}_boff[bi] + p * {n} + j];\n"
-            f"      {po}[bi * {m * n} + i * {n} + j] = s;\n"
+            f"      {acc} s = 0;\n"
+            f"      for (size_t p = 0; p < {kk}; p++) s += {cast}{pa}[{fn}_aoff[bi] + i * {kk} + p] * "
+            f"{cast}{pb}[{fn}_boff[bi] + p * {n} + j];\n"
+            f"      {po}[bi * {m * n} + i * {n} + j] = ({t})s;\n"
             f"    }}")
     return _function(fn, k, args, names, body, helpers=table)
 

@@ -4,8 +4,10 @@ subgraphs), SwiGLU, CausalConvWithState and TensorScatter.
 Attention runs one query row per step: the row's scores go to a per-task scratch row (never the
 whole score matrix), are masked, softcapped and softmaxed there, then weight the value rows. Tasks
 take contiguous ranges of (batch, head, query) rows and a row is always computed whole by one task,
-so results do not depend on the number of tasks. float16 follows the reference's roundings: every
-step the reference performs on float16 arrays is rounded to float16, sums are accumulated in float.
+so results do not depend on the number of tasks. float16 and bfloat16 follow the reference's roundings:
+every step the reference performs on float16 (bfloat16) arrays is rounded to that type; dot products
+accumulate in float, and so does the softmax sum for float16, where ml_dtypes rounds each addition
+of a bfloat16 sum. Attention reads bfloat16 itself; FlexAttention gets it widened (passes/widen.py).
 """
 
 from __future__ import annotations
@@ -46,7 +48,8 @@ def _rnd(ctype: str, expr: str, work: str) -> str:
 
 
 def _check_float(node: Node, *vals: Value) -> None:
-    # bfloat16 and the other emulated types arrive widened to float32 (aotc/passes/widen.py).
+    # The emulated float types: Attention computes on them in float, FlexAttention gets them widened
+    # to float32 (aotc/passes/widen.py).
     for v in vals:
         em = dtypes.emulated(v.dtype)
         if v.dtype not in _FLOATS and (em is None or em.compute != "float"):
@@ -174,20 +177,37 @@ def _attention_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> 
         raise _err(node, f"qk_matmul_output_mode {mode} not supported")
     dt = node.inputs[0].dtype
     sdt = _softmax_dtype(node, dt)
+    em = dtypes.emulated(dt)  # bfloat16 (Attention only; widen.py widens FlexAttention)
+    softcap = float(node.attr("softcap", 0.0))
+    # The reference divides the bfloat16 scores by the softcap, a Python float, which ml_dtypes
+    # promotes to float32: from there on (tanh, bias, softmax) it computes in float32.
+    promoted = em is not None and softcap > 0
+    if promoted and sdt == dt:
+        sdt = np.dtype(np.float32)
     w = _work_ctype(dt, sdt)
     a = _acc(ctype)
 
     def rt(e: str) -> str:  # rounded to the tensors' type
-        return _rnd(ctype, e, w)
+        return dtypes.round_to(dt, e) if em else _rnd(ctype, e, w)
 
     def rs(e: str) -> str:  # rounded to the softmax precision
-        return _rnd(dtypes.c_type(sdt), e, w)
+        return dtypes.round_to(sdt, e) if dtypes.emulated(sdt) else _rnd(dtypes.c_type(sdt), e, w)
+
+    def ld(e: str, vdt: np.dtype = dt) -> str:  # an element read as the work type
+        return dtypes.load(vdt, e) if dtypes.emulated(vdt) else f"({w}){e}"
+
+    def st(e: str) -> str:  # a work-type value written as an element (already rounded)
+        return dtypes.store(dt, e) if em else f"({ctype}){e}"
+
+    def fn(name: str, t: str) -> str:
+        # Results rounded to a 16-bit float use libm's float functions, as numpy and ml_dtypes do:
+        # the runtime's faster approximations would flip some roundings.
+        return f"{name}f" if t == "float" and (em or ctype == "_Float16") else math_fn(name, t)
 
     scale = node.attr("scale")
     scale = 1 / np.sqrt(g.d) if scale is None else float(scale)
     # Q and K are each scaled by sqrt(scale), rounded to their type, as the reference does.
     ss = c_literal(float(dt.type(np.sqrt(np.float32(scale) if flex else scale))), w)
-    softcap = float(node.attr("softcap", 0.0))
     causal = bool(node.attr("is_causal", 0))
     left, right = int(node.attr("left_window_size", -1)), int(node.attr("right_window_size", -1))
     b_, hq, sq, d, hkv, skv, dv, p, t = g.b, g.hq, g.sq, g.d, g.hkv, g.skv, g.dv, g.past, g.t
@@ -219,7 +239,7 @@ def _attention_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> 
               f"  const size_t b = r / {hq * sq}, h = (r / {max(sq, 1)}) % {hq}, i = r % {max(sq, 1)};",
               f"  const size_t g = h / {grp};",
               f"  const {ctype} *qr = {q} + {row('h', 'i', hq, sq, d)};",
-              f"  for (size_t c = 0; c < {d}; c++) {qs}[c] = {rt(f'({w})qr[c] * {ss}')};",
+              f"  for (size_t c = 0; c < {d}; c++) {qs}[c] = {rt(ld('qr[c]') + f' * {ss}')};",
               f"  const {ctype} *kb = {k} + {row('g', '0', hkv, skv, d)};",
               f"  const {ctype} *vb = {v} + {row('g', '0', hkv, skv, dv)};"]
     kstride, vstride = (hkv * d, hkv * dv) if g.rank3 else (d, dv)
@@ -243,7 +263,7 @@ def _attention_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> 
                    tm if ms[2] > 1 else 0]
         at = " + ".join([f"{s} * {ix}" for s, ix in zip(strides, ("b", "h", "i"), strict=True) if s] + ["j"])
         val = (f"({mask}[{at}] ? 0 : -INFINITY)" if mv.dtype == np.bool_
-               else rt(f"({w}){mask}[{at}]"))
+               else rt(ld(f"{mask}[{at}]", mv.dtype)))
         lines.append(f"    {w} bias = " + (f"j < {tm} ? {val} : -INFINITY;" if tm < t else f"{val};"))
     else:
         lines.append(f"    {w} bias = 0;")
@@ -261,50 +281,53 @@ def _attention_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> 
     lines.append("    live |= bias != -INFINITY;")
     krow = f"(j < {p} ? {pk} + ((b * {hkv} + g) * {p} + j) * {d} : kb + (j - {p}) * {kstride})" if p \
         else f"kb + j * {kstride}"
-    term = f"({a}){qs}[c] * ({a}){rt(f'({w})kr[c] * {ss}')}"
+    term = f"({a}){qs}[c] * ({a}){rt(ld('kr[c]') + f' * {ss}')}"
     dot = [f"      const {ctype} *kr = {krow};", *_lane_dot(a, d, term), f"      x = {rt('s')};"]
     if qk_out is not None and mode == 0:
-        dot.append(f"      {qk_out}[r * {t} + j] = ({ctype})x;")
+        dot.append(f"      {qk_out}[r * {t} + j] = {st('x')};")
+    rc = (lambda e: f"({e})") if promoted else rt  # the rounding of the softcap and bias steps
     if softcap > 0:
-        cap = c_literal(float(dt.type(softcap)), w)
-        dot.append(f"      x = {rt(rt(math_fn('tanh', w) + '(' + rt(f'x / {cap}') + ')') + f' * {cap}')};")
+        cap = c_literal(float((np.float32 if promoted else dt.type)(softcap)), w)
+        dot.append(f"      x = {rc(rc(fn('tanh', w) + '(' + rc(f'x / {cap}') + ')') + f' * {cap}')};")
     if qk_out is not None and mode == 1:
-        dot.append(f"      {qk_out}[r * {t} + j] = ({ctype})x;")
-    dot.append(f"      x = {rt('x + bias')};")
+        dot.append(f"      {qk_out}[r * {t} + j] = {st('x')};")
+    dot.append(f"      x = {rc('x + bias')};")
     lines += [f"    {w} x = -INFINITY;",
               "    if (" + ("1" if qk_raw else "bias != -INFINITY") + ") {", *dot, "    }"]
     if qk_out is not None and mode == 2:
-        lines.append(f"    {qk_out}[r * {t} + j] = ({ctype})x;")
+        lines.append(f"    {qk_out}[r * {t} + j] = {st('x')};")
     lines += [f"    const {w} xs = {rs('x')};",
               f"    {sc}[j] = xs;",
               "    mx = (xs > mx || xs != xs) ? xs : mx;", "  }"]
     # Softmax over the row; a row with no attendable key (its bias all -inf) yields zeros.
     sa = _acc(dtypes.c_type(sdt))
-    ex = math_fn("exp", sa)
+    ex = fn("exp", sa)
+    # ml_dtypes sums one addition at a time, each rounded; numpy sums float16 in float, rounding once.
+    add = f"sum = {rs(f'sum + {sc}[j]')}" if dtypes.emulated(sdt) else f"sum += {sc}[j]"
     lines += [f"  for (size_t c = 0; c < {dv}; c++) {acc}[c] = 0;",
               "  if (live) {",
               *([] if flex else ["    if (mx == -INFINITY) mx = 0;"]),
               f"    {sa} sum = 0;",
               f"    for (size_t j = 0; j < {t}; j++) {{ {sc}[j] = {rs(ex + '(' + rs(sc + '[j] - mx') + ')')}; "
-              f"sum += {sc}[j]; }}",
+              f"{add}; }}",
               f"    {sa} den = {rs('sum')};",
               "    if (den == 0) den = 1;",
               f"    for (size_t j = 0; j < {t}; j++) {{",
               f"      const {w} pj = {rs(f'{sc}[j] / den') if flex else rt(rs(f'{sc}[j] / den'))};"]
     if qk_out is not None and mode == 3:
-        lines.append(f"      {qk_out}[r * {t} + j] = ({ctype})pj;")
+        lines.append(f"      {qk_out}[r * {t} + j] = {st('pj')};")
     vrow = f"(j < {p} ? {pv} + ((b * {hkv} + g) * {p} + j) * {dv} : vb + (j - {p}) * {vstride})" if p \
         else f"vb + j * {vstride}"
     lines += ["      if (pj == 0) continue;  /* masked keys add nothing, even when their values are inf */",
               f"      const {ctype} *vr = {vrow};",
-              f"      for (size_t c = 0; c < {dv}; c++) {acc}[c] += pj * vr[c];",
+              f"      for (size_t c = 0; c < {dv}; c++) {acc}[c] += pj * {ld('vr[c]') if em else 'vr[c]'};",
               "    }"]
     if qk_out is not None and mode == 3:
         lines.append(f"  }} else for (size_t j = 0; j < {t}; j++) {qk_out}[r * {t} + j] = 0;")
     else:
         lines.append("  }")
     lines += [f"  {ctype} *yr = {y} + {row('h', 'i', hq, sq, dv)};",
-              f"  for (size_t c = 0; c < {dv}; c++) yr[c] = ({ctype}){acc}[c];", "}"]
+              f"  for (size_t c = 0; c < {dv}; c++) yr[c] = {st(f'{acc}[c]')};", "}"]
     return "\n".join(lines)
 
 

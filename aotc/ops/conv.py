@@ -217,6 +217,7 @@ def _generic_conv(g: Geometry, x: str, w: str, b: str | None, y: str, ct: str, e
     """Any dtype, any weights: bounds-checked direct convolution, one (n, m) plane per work unit."""
     cg, mg = g.c // g.group, g.m // g.group
     ID, IH, IW = g.inp
+    acc, cast = ("float", "(float)") if ct == "_Float16" else (ct, "")
     lines = [f"const size_t n = t / {g.m}, c = t % {g.m}, grp = c / {mg}; (void)n;",
              f"const {ct} *xg = {x} + (n * {g.c} + grp * {cg}) * {g.in_size};",
              f"const {ct} *wm = {w} + c * {cg * g.taps};",
@@ -225,7 +226,8 @@ def _generic_conv(g: Geometry, x: str, w: str, b: str | None, y: str, ct: str, e
              f"  const ptrdiff_t d0 = (ptrdiff_t)(s / {g.out[1] * g.out[2]}) * {g.s[0]} - {g.pb[0]};",
              f"  const ptrdiff_t h0 = (ptrdiff_t)(s / {g.out[2]} % {g.out[1]}) * {g.s[1]} - {g.pb[1]};",
              f"  const ptrdiff_t w0 = (ptrdiff_t)(s % {g.out[2]}) * {g.s[2]} - {g.pb[2]};",
-             f"  {ct} v = {f'{b}[c]' if b else '0'};",
+             # float16 accumulates in float, rounds, then adds the bias, as numpy's reference does.
+             f"  {acc} v = {f'{b}[c]' if b and acc == ct else '0'};",
              f"  for (size_t ci = 0; ci < {cg}; ci++)",
              f"    for (ptrdiff_t kd = 0; kd < {g.k[0]}; kd++) {{",
              f"      const ptrdiff_t id = d0 + kd * {g.d[0]}; if (id < 0 || id >= {ID}) continue;",
@@ -233,9 +235,11 @@ def _generic_conv(g: Geometry, x: str, w: str, b: str | None, y: str, ct: str, e
              f"        const ptrdiff_t ih = h0 + kh * {g.d[1]}; if (ih < 0 || ih >= {IH}) continue;",
              f"        for (ptrdiff_t kw = 0; kw < {g.k[2]}; kw++) {{",
              f"          const ptrdiff_t iw = w0 + kw * {g.d[2]}; if (iw < 0 || iw >= {IW}) continue;",
-             f"          v += wm[((ci * {g.k[0]} + kd) * {g.k[1]} + kh) * {g.k[2]} + kw] * "
-             f"xg[ci * {g.in_size} + (id * {IH} + ih) * {IW} + iw];",
+             f"          v += {cast}wm[((ci * {g.k[0]} + kd) * {g.k[1]} + kh) * {g.k[2]} + kw] * "
+             f"{cast}xg[ci * {g.in_size} + (id * {IH} + ih) * {IW} + iw];",
              "        }", "      }", "    }",
+             *([] if acc == ct else [f"  {{ {ct} h = ({ct})v; {f'h = ({ct})(h + {b}[c]); ' if b else ''}"
+                                     f"v = h; }}"]),
              *_epi_block(epi, g, "s", "  "),
              "  yo[s] = v;", "}"]
     return _task_loop(g.n * g.m, "\n".join("  " + ln for ln in lines))

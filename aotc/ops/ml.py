@@ -1,5 +1,6 @@
-"""Classic machine-learning ops of the ``ai.onnx.ml`` domain: Binarizer, ArrayFeatureExtractor and
-TreeEnsemble (gradient-boosted trees and random forests in one op).
+"""Classic machine-learning ops of the ``ai.onnx.ml`` domain: Binarizer, ArrayFeatureExtractor,
+TreeEnsemble (gradient-boosted trees and random forests in one op) and LabelEncoder (numeric keys and
+values); and the default domain's TfIdfVectorizer (integer tokens), its n-gram pool a constant table.
 
 A tree ensemble is known entirely at compile time, so it becomes constant tables in the kernel (one
 row per interior node: feature, comparison, threshold, children) walked per input row. The
@@ -12,8 +13,9 @@ from __future__ import annotations
 import numpy as np
 
 from aotc.errors import AotcError
+from aotc.ir import dtypes
 from aotc.ir.graph import Node
-from aotc.ops.common import FLOAT_CTYPES, c_array
+from aotc.ops.common import FLOAT_CTYPES, c_array, c_literal
 from aotc.ops.registry import OpDef, register
 
 _ML = "ai.onnx.ml."
@@ -212,3 +214,190 @@ def _tree_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
 
 
 register(OpDef(_ML + "TreeEnsemble", "kernel", _tree_infer, emit=_tree_emit))
+
+
+def _int_lit(v: int, ctype: str) -> str:
+    """An integer literal of ``ctype`` that C never reads as too large for its type (INT64_MIN, and
+    unsigned values past INT64_MAX, are not plain decimal literals)."""
+    if v == -2**63:
+        return "INT64_MIN"
+    return f"UINT64_C({v})" if ctype.startswith("uint") else c_literal(v, ctype)
+
+
+def _int_table(ctype: str, name: str, values: np.ndarray) -> str:
+    """A ``static const`` integer table (at least one element, as C requires)."""
+    vals = [int(v) for v in np.asarray(values).reshape(-1)] or [0]
+    return f"static const {ctype} {name}[{len(vals)}] = {{{', '.join(_int_lit(v, ctype) for v in vals)}}};"
+
+
+# -- TfIdfVectorizer (default domain): n-gram counts of integer token rows ------------------------------------
+def _tfidf_grams(node: Node) -> tuple[list[tuple[int, ...]], list[int], int]:
+    """The pool's n-grams of a counted length, each with its output column, sorted by tokens so the
+    kernel can binary-search the first token; and the number of output columns. A model file is
+    untrusted: every index is checked here so that the kernel's table reads stay in bounds."""
+    def bad(msg: str) -> AotcError:
+        return AotcError(f"TfIdfVectorizer node {node.name!r}: {msg}")
+
+    if node.attr("pool_strings") is not None:
+        raise bad("string pools are not supported (aotc compiles numeric tensors only)")
+    pool = [int(v) for v in node.attr("pool_int64s", [])]
+    counts = [int(v) for v in node.attr("ngram_counts", [])]
+    indexes = [int(v) for v in node.attr("ngram_indexes", [])]
+    lo, hi = int(node.attr("min_gram_length", 1)), int(node.attr("max_gram_length", 1))
+    if not indexes or min(indexes) < 0:
+        raise bad("ngram_indexes must be non-empty and non-negative")
+    if lo < 1 or hi < lo:
+        raise bad(f"gram lengths [{lo}, {hi}] are invalid")
+    if any(c < 0 or c > len(pool) for c in counts) or counts != sorted(counts):
+        raise bad("ngram_counts must be non-decreasing offsets into the pool")
+    column: dict[tuple[int, ...], int] = {}
+    gram_id = 0  # the reference numbers every pool n-gram, counted length or not
+    for size, start in enumerate(counts, start=1):
+        end = counts[size] if size < len(counts) else len(pool)
+        for k in range(max(end - start, 0) // size):
+            if lo <= size <= hi:
+                if gram_id >= len(indexes):
+                    raise bad(f"the pool has more n-grams than ngram_indexes has entries ({len(indexes)})")
+                column[tuple(pool[start + k * size:start + (k + 1) * size])] = indexes[gram_id]  # last wins
+            gram_id += 1
+    grams = sorted(column)
+    return grams, [column[g] for g in grams], max(indexes) + 1
+
+
+def _tfidf_infer(node: Node):
+    x = _in(node)
+    if x.dtype.kind not in "iu" or len(x.shape) not in (1, 2):
+        raise AotcError(f"TfIdfVectorizer node {node.name!r}: input must be an integer [C] or [B, C] tensor")
+    out = _tfidf_grams(node)[2]
+    return [((out,) if len(x.shape) == 1 else (x.shape[0], out), np.dtype(np.float32))]
+
+
+def _tfidf_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
+    x = _in(node)
+    grams, cols, out = _tfidf_grams(node)
+    rows, c = (1, x.shape[0]) if len(x.shape) == 1 else x.shape
+    lo, hi = int(node.attr("min_gram_length", 1)), int(node.attr("max_gram_length", 1))
+    skips = int(node.attr("max_skip_count", 0))
+    mode = node.attr("mode", "TF")
+    weights = np.asarray(node.attr("weights", []), np.float32).reshape(-1)
+    if mode not in ("TF", "IDF", "TFIDF"):
+        raise AotcError(f"TfIdfVectorizer node {node.name!r}: unknown mode {mode!r}")
+    if mode != "TF" and weights.size and weights.size < out:
+        raise AotcError(f"TfIdfVectorizer node {node.name!r}: {weights.size} weights for {out} outputs")
+    lens = [len(g) for g in grams]
+    offs = np.cumsum([0, *lens])[:-1]
+    tokens = [t for g in grams for t in g]
+    # Counts accumulate in the output row itself (exact in float up to 2^24), then get weighted.
+    w = "tf_w[j]" if weights.size else "1.0f"
+    final = {"TF": None, "IDF": f"y[j] > 0 ? {w} : 0.0f", "TFIDF": f"{w} * y[j]"}[mode]
+    lines = [_int_table("int64_t", "tf_tok", np.array(tokens, np.int64)),
+             _int_table("uint32_t", "tf_off", offs), _int_table("uint32_t", "tf_len", np.array(lens)),
+             _int_table("uint32_t", "tf_col", np.array(cols)),
+             c_array("float", "tf_w", weights[:out]), "(void)tf_w;",
+             f"for (size_t r = task; r < {rows}; r += ntasks) {{",
+             f"  const {dtypes.c_type(x.dtype)} *xr = {ins[0]} + r * {c};",
+             f"  {ctype} *y = {outs[0]} + r * {out};",
+             f"  for (size_t j = 0; j < {out}; j++) y[j] = 0;",
+             # Unigrams do not depend on the skip, so only the first skip distance counts them.
+             f"  for (size_t d = 1; d <= {skips + 1}; d++) {{",
+             f"    const size_t nmin = d > 1 && {lo} == 1 ? 2 : {lo};",
+             f"    if (nmin > {hi}) break;",
+             f"    for (size_t i = 0; i < {c}; i++) {{",
+             "      const int64_t x0 = (int64_t)xr[i];",
+             f"      size_t a = 0, b = {len(grams)};",
+             "      while (a < b) { const size_t m = a + (b - a) / 2; "
+             "if (tf_tok[tf_off[m]] < x0) a = m + 1; else b = m; }",
+             f"      for (size_t g = a; g < {len(grams)} && tf_tok[tf_off[g]] == x0; g++) {{",
+             "        const size_t n = tf_len[g];",
+             f"        if (n < nmin || i + (n - 1) * d >= {c}) continue;",
+             "        size_t k = 1;",
+             "        while (k < n && (int64_t)xr[i + k * d] == tf_tok[tf_off[g] + k]) k++;",
+             "        if (k == n) y[tf_col[g]] += 1;",
+             "      }",
+             "    }",
+             "  }"]
+    if final:
+        lines.append(f"  for (size_t j = 0; j < {out}; j++) y[j] = {final};")
+    return "\n".join(lines + ["}"])
+
+
+register(OpDef("TfIdfVectorizer", "kernel", _tfidf_infer, emit=_tfidf_emit))
+
+
+# -- LabelEncoder: a constant map from numeric keys to numeric values ----------------------------------------
+def _le_attr(node: Node, kind: str) -> np.ndarray | None:
+    for suffix, dt in (("int64s", np.int64), ("floats", np.float32), ("tensor", None)):
+        v = node.attr(f"{kind}_{suffix}")
+        if v is not None:
+            return np.asarray(v, dt)
+    return None
+
+
+def _le_table(node: Node) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(keys, values, default): keys as the input's dtype, values and default as the output's."""
+    def bad(msg: str) -> AotcError:
+        return AotcError(f"LabelEncoder node {node.name!r}: {msg}")
+
+    if any(node.attr(k) is not None for k in ("keys_strings", "values_strings", "default_string")):
+        raise bad("string keys or values are not supported (aotc compiles numeric tensors only)")
+    keys, vals = _le_attr(node, "keys"), _le_attr(node, "values")
+    if keys is None or vals is None or keys.dtype.kind not in "iuf" or vals.dtype.kind not in "iuf":
+        raise bad("needs numeric keys and values (keys_int64s/keys_floats/keys_tensor, values_*)")
+    keys, vals = keys.reshape(-1), vals.reshape(-1)
+    if keys.size != vals.size:
+        raise bad(f"{keys.size} keys but {vals.size} values")
+    if node.attr("values_tensor") is not None:
+        default = node.attr("default_tensor")
+        default = np.asarray((-1 if vals.dtype.kind in "iu" else -0.0) if default is None else default)
+    elif vals.dtype == np.int64:
+        default = np.asarray(node.attr("default_int64", -1))
+    else:
+        default = np.asarray(node.attr("default_float", -0.0))
+    x = _in(node)
+    if (x.dtype.kind == "f") != (keys.dtype.kind == "f"):
+        raise bad(f"keys of type {keys.dtype} cannot match a {x.dtype} input")
+    as_x = keys.astype(x.dtype)
+    if not np.array_equal(as_x.astype(keys.dtype), keys, equal_nan=True):
+        raise bad(f"a key is not a {x.dtype} value")
+    return as_x, vals, default.reshape(-1)[:1].astype(vals.dtype)
+
+
+def _le_infer(node: Node):
+    x = _in(node)
+    return [(x.shape, _le_table(node)[1].dtype)]
+
+
+def _le_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
+    """Binary search over the sorted keys. Float keys compare bitwise, as the spec says, so a NaN key
+    maps NaN inputs (and -0.0 and 0.0 are different keys)."""
+    x, out = _in(node), node.outputs[0]
+    keys, vals, default = _le_table(node)
+    if x.dtype.kind == "f":
+        bits = np.dtype(f"u{x.dtype.itemsize}")
+        keys, ktype = keys.view(bits), f"uint{8 * x.dtype.itemsize}_t"
+        read = f"{ktype} k; memcpy(&k, &{ins[0]}[i], sizeof k);"
+    else:
+        keys, ktype = keys.astype(np.int64), "int64_t"
+        read = f"const int64_t k = (int64_t){ins[0]}[i];"
+    _, first = np.unique(keys[::-1], return_index=True)  # duplicate keys: the last one wins
+    pick = keys.size - 1 - first
+    keys, vals = keys[pick], vals[pick].astype(out.dtype)
+    if out.dtype.kind == "f":
+        table = (f"static const {ctype} le_val[{max(vals.size, 1)}] = "
+                 f"{{{', '.join(c_literal(float(v), ctype) for v in vals) or '0'}}};")
+        dflt = c_literal(float(default[0]), ctype)
+    else:
+        table, dflt = _int_table(ctype, "le_val", vals), _int_lit(int(default[0]), ctype)
+    n = int(np.prod(x.shape))
+    return "\n".join([
+        _int_table(ktype, "le_key", keys), table,
+        f"const size_t lo = (size_t){n} * task / ntasks, hi = (size_t){n} * (task + 1) / ntasks;",
+        "for (size_t i = lo; i < hi; i++) {",
+        f"  {read}",
+        f"  size_t a = 0, b = {keys.size};",
+        "  while (a < b) { const size_t m = a + (b - a) / 2; if (le_key[m] < k) a = m + 1; else b = m; }",
+        f"  {outs[0]}[i] = a < {keys.size} && le_key[a] == k ? le_val[a] : {dflt};",
+        "}"])
+
+
+register(OpDef(_ML + "LabelEncoder", "kernel", _le_infer, emit=_le_emit))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from aotc.errors import AotcError
+from aotc.ir import dtypes
 from aotc.ir.graph import Node
 from aotc.ops.common import axis_layout, const_input, norm_axis, row_loop_head
 from aotc.ops.registry import OpDef, register
@@ -32,10 +33,46 @@ def _same(node: Node):
     return [(x.shape, x.dtype)]
 
 
+def _low_precision_softmax(dt: np.dtype, ctype: str, x: str, y: str, n: int, inner: int) -> list[str]:
+    """Softmax of one row of float16 or an emulated float type (bfloat16, float8), rounded where the
+    reference (numpy / ml_dtypes) rounds: x - max, exp, the sum and the quotient each round to the
+    type. ml_dtypes sums one addition at a time, each rounded; numpy sums float16 in float32 and
+    rounds once along the contiguous last axis, but rounds each addition along any other axis."""
+    def rnd(e: str) -> str:
+        return f"(float)(_Float16)({e})" if ctype == "_Float16" else dtypes.round_to(dt, e)
+
+    def load(e: str) -> str:
+        return f"(float){e}" if ctype == "_Float16" else dtypes.load(dt, e)
+
+    def store(e: str) -> str:
+        return f"(_Float16)({e})" if ctype == "_Float16" else dtypes.store(dt, e)
+    add = "s += e" if ctype == "_Float16" and inner == 1 else f"s = {rnd('s + e')}"
+    xi, yi = load(f"xr[i * {inner}]"), load(f"yr[i * {inner}]")
+    e = rnd(f"expf({rnd(f'{xi} - m')})")
+    return [f"  const {ctype} *restrict xr = {x};",
+            f"  {ctype} *restrict yr = {y};",
+            "  float m = -INFINITY, s = 0;",
+            "  int nan = 0;",
+            f"  for (size_t i = 0; i < {n}; i++) {{ const float v = {xi}; "
+            "m = v > m ? v : m; nan |= v != v; }",
+            "  if (nan) m = NAN;",
+            f"  for (size_t i = 0; i < {n}; i++) {{",
+            f"    const float e = {e};",
+            f"    yr[i * {inner}] = {store('e')};",
+            f"    {add};",
+            "  }",
+            f"  s = {rnd('s')};",
+            f"  for (size_t i = 0; i < {n}; i++) yr[i * {inner}] = {store(yi + ' / s')};"]
+
+
 def _softmax_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
     outer, n, inner = softmax_layout(node)
     head = row_loop_head(outer, inner)
     x, y = f"{ins[0]} + o * {n * inner} + k", f"{outs[0]} + o * {n * inner} + k"
+    dt = node.outputs[0].dtype
+    em = dtypes.emulated(dt)
+    if node.op == "Softmax" and (ctype == "_Float16" or (em is not None and em.compute == "float")):
+        return head + "\n".join(_low_precision_softmax(dt, ctype, x, y, n, inner)) + "\n}"
     if ctype == "float":  # the vectorized row kernels of runtime/aotc_rows.h
         fn = "aotc_log_softmax_row" if node.op == "LogSoftmax" else "aotc_softmax_row"
         return head + f"  {fn}({x}, {y}, {n}, {inner});\n}}"
@@ -73,15 +110,62 @@ def _dropout_infer(node: Node):
 register(OpDef("Dropout", "alias", _dropout_infer, const_inputs=(1, 2)))
 
 
+def bn_training(node: Node) -> bool:
+    """Whether a BatchNormalization normalizes with batch statistics (opset 14's training_mode)."""
+    return node.attr("_opset", 15) >= 14 and bool(node.attr("training_mode", 0))
+
+
 def _bn_infer(node: Node):
+    x, mean = node.inputs[0], node.inputs[3]
+    assert x is not None and mean is not None
+    if len(x.shape) < 2:
+        raise AotcError(f"BatchNormalization node {node.name!r}: input must have rank >= 2")
+    c = x.shape[1]
+    for i in range(1, 5):
+        v = node.inputs[i]
+        if v is None or tuple(v.shape) != (c,):
+            raise AotcError(f"BatchNormalization node {node.name!r}: input {i} must have shape ({c},)")
+    res = [(x.shape, x.dtype)]
+    if bn_training(node):  # running mean and variance, as many as the node asks for
+        res += [((c,), mean.dtype)] * (len(node.outputs) - 1)
+    return res
+
+
+def _bn_training_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
+    """Training mode: per channel, the mean and (biased) variance over N and the spatial axes,
+    computed in double; Y is normalized with them, and the running statistics move towards them
+    by ``1 - momentum``."""
+    if not bn_training(node):
+        raise AotcError(f"BatchNormalization node {node.name!r}: inference mode is rewritten, not emitted")
     x = node.inputs[0]
     assert x is not None
-    return [(x.shape, x.dtype)]
+    n, c = x.shape[0], x.shape[1]
+    inner = int(np.prod(x.shape[2:]))
+    eps, mom = float(node.attr("epsilon", 1e-5)), float(node.attr("momentum", 0.9))
+    st = dtypes.c_type(node.inputs[3].dtype)
+    lines = [f"for (size_t ch = task; ch < {c}; ch += ntasks) {{",
+             "  double s = 0, ss = 0;",
+             f"  for (size_t b = 0; b < {n}; b++) for (size_t k = 0; k < {inner}; k++)",
+             f"    s += {ins[0]}[(b * {c} + ch) * {inner} + k];",
+             f"  const double m = s / {n * inner};",
+             f"  for (size_t b = 0; b < {n}; b++) for (size_t k = 0; k < {inner}; k++) {{",
+             f"    const double d = {ins[0]}[(b * {c} + ch) * {inner} + k] - m; ss += d * d;",
+             "  }",
+             f"  const double v = ss / {n * inner};",
+             f"  const double sc = {ins[1]}[ch] / sqrt(v + {eps!r}), sh = {ins[2]}[ch];",
+             f"  for (size_t b = 0; b < {n}; b++) for (size_t k = 0; k < {inner}; k++) {{",
+             f"    const size_t i = (b * {c} + ch) * {inner} + k;",
+             f"    {outs[0]}[i] = ({ctype})(({ins[0]}[i] - m) * sc + sh);",
+             "  }"]
+    for o, (inp, stat) in zip(outs[1:], ((ins[3], "m"), (ins[4], "v")), strict=False):
+        lines.append(f"  {o}[ch] = ({st})({inp}[ch] * {mom!r} + {stat} * {1 - mom!r});")
+    return "\n".join(lines + ["}"])
 
 
-# Inference-mode batch norm; the simplifier rewrites it into a per-channel scale and shift, which
-# then folds into a preceding MatMul/Conv or fuses into the surrounding loop.
-register(OpDef("BatchNormalization", "elementwise_rewrite", _bn_infer))
+# Inference-mode batch norm never reaches codegen: the simplifier rewrites it into a per-channel
+# scale and shift, which then folds into a preceding MatMul/Conv or fuses into the surrounding loop.
+# Training mode (batch statistics) is this kernel.
+register(OpDef("BatchNormalization", "kernel", _bn_infer, emit=_bn_training_emit))
 
 
 # -- RMSNormalization: one row kernel (the other normalizations live in norm.py) --------------------

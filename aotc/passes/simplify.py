@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from aotc.ir.graph import Graph, Node, Value
+from aotc.ops.nn import bn_training
 
 
 class _Rewriter:
@@ -78,7 +79,7 @@ def simplify(graph: Graph) -> bool:
         if n.op == "Gemm":
             _gemm(rw, n)
             continue
-        if n.op == "BatchNormalization":
+        if n.op == "BatchNormalization" and not bn_training(n):  # batch statistics: a kernel
             _batchnorm(rw, n)
             continue
         if n.op in ("Mul", "Add") and _fold_into_conv(rw, n, users):

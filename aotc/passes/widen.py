@@ -5,7 +5,9 @@ op's ``emit``, GEMM and convolution compute on their operands' C type, which for
 only its storage container. Such an op gets widened operands instead: a Cast to float32 (int32 for
 the small integers) before it and a Cast back after it, so it runs on a type C has and its result is
 rounded once, as the reference rounds each op. Data-movement kernels (Gather, Concat, ...) stay exact
-through the round trip, since every value of an emulated type is a float32 (int32) value.
+through the round trip, since every value of an emulated type is a float32 (int32) value. Softmax and
+Attention are not widened: their kernels read the emulated type and round each step of their own, as
+the reference does (one rounding at the end differs from it by an ulp).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from aotc.ops import OPS
 
 # Kinds whose code goes through the loop emitter, which handles emulated types itself.
 _LOOP_KINDS = ("elementwise", "view", "alias", "reduce", "static")
+# Kernels that compute on emulated types themselves, rounding each step as the reference does.
+_ROUNDING_KERNELS = ("Softmax", "Attention")
 
 
 def _wide(dt: np.dtype) -> np.dtype:
@@ -37,7 +41,7 @@ def widen_emulated(graph: Graph) -> bool:
     nodes: list[Node] = []
     changed = False
     for node in graph.nodes:
-        if OPS[node.op].kind in _LOOP_KINDS or not any(
+        if OPS[node.op].kind in _LOOP_KINDS or node.op in _ROUNDING_KERNELS or not any(
                 v is not None and dtypes.emulated(v.dtype) for v in [*node.inputs, *node.outputs]):
             nodes.append(node)
             continue
