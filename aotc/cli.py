@@ -6,10 +6,14 @@ import argparse
 import shutil
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from aotc.errors import AotcError
+
+if TYPE_CHECKING:
+    import onnx
 
 
 def _shape_arg(text: str) -> tuple[str, tuple[int, ...]]:
@@ -180,6 +184,26 @@ def _cmd_profile(args: argparse.Namespace) -> None:
     print(f"trace: {trace} (open in chrome://tracing or ui.perfetto.dev)")
 
 
+def _type_text(t: onnx.TypeProto) -> str:
+    """``float32 [1, 'N', 3]``, ``sequence of float32 [2]``, ``optional of ...``."""
+    import onnx.helper
+
+    kind = t.WhichOneof("value")
+    if kind == "sequence_type":
+        return "sequence of " + _type_text(t.sequence_type.elem_type)
+    if kind == "optional_type":
+        return "optional of " + _type_text(t.optional_type.elem_type)
+    if kind != "tensor_type":
+        return kind or "unknown type"
+    tt = t.tensor_type
+    try:
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type).name
+    except (KeyError, ValueError):
+        dtype = f"elem_type {tt.elem_type}"
+    dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in tt.shape.dim]
+    return f"{dtype} {dims}" if tt.HasField("shape") else f"{dtype} (rank unknown)"
+
+
 def _cmd_inspect(args: argparse.Namespace) -> None:
     from aotc.frontends.onnx import FRONTEND_OPS, list_ops, load_model
     from aotc.ops import OPS
@@ -192,9 +216,7 @@ def _cmd_inspect(args: argparse.Namespace) -> None:
                        ("outputs", model.graph.output)):
         print(f"{title}:")
         for v in vis:
-            t = v.type.tensor_type
-            dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in t.shape.dim]
-            print(f"  {v.name!r}: elem_type {t.elem_type} shape {dims}")
+            print(f"  {v.name!r}: {_type_text(v.type)}")
     ops = list_ops(model)
     print("ops:")
     missing = []
