@@ -297,6 +297,8 @@ def test_conv_threads_bit_identical(tmp_path) -> None:
     """Every path splits work over (batch, channel) units, never a sum: results do not depend on the
     number of tasks."""
     cases = [single("tiled", "Conv", [Inp((2, 16, 12, 12)), w(24, 16, 3, 3)], {"pads": [1, 1, 1, 1]}),
+             single("tiled_s2", "Conv", [Inp((1, 64, 41, 39)), w(8, 64, 3, 3)],
+                    {"pads": [1, 2, 1, 0], "strides": [2, 2]}),
              single("rows", "Conv", [Inp((1, 32, 12, 12)), w(40, 32, 1, 1), w(40)]),
              single("dw", "Conv", [Inp((1, 32, 20, 20)), w(32, 1, 3, 3)], {"group": 32, "pads": [1, 1, 1, 1]}),
              single("dw_rows", "Conv", [Inp((1, 8, 70, 66)), w(8, 1, 3, 3)], {"group": 8, "pads": [1, 1, 1, 1]}),
@@ -331,8 +333,9 @@ def test_conv_portable_target(tmp_path, target: str) -> None:
 
 def test_conv_paths_sanitizers_run_clean(tmp_path) -> None:
     """Every conv path's generated C under ASan and UBSan, through the generated test program (stored
-    outputs, then a 2-thread rerun): the padded copies, the stride-2 column split (widths with and
-    without a left pad, a row length that is not a multiple of the vector), the 1x1 panels."""
+    outputs, then a 2-thread rerun): the padded copies (whole, and the rows of a task's chunks), the
+    stride-2 column split (widths with and without a left pad, a row length that is not a multiple
+    of the vector), the phase loop's positions past the plane, the 1x1 panels."""
     import subprocess
 
     from test_c_library import CC
@@ -342,6 +345,10 @@ def test_conv_paths_sanitizers_run_clean(tmp_path) -> None:
     if probe.returncode != 0:
         pytest.skip("sanitizer runtime not available")
     cases = [single("tiled", "Conv", [Inp((1, 8, 12, 11)), w(24, 8, 3, 3)], {"pads": [1, 1, 1, 1]}),
+             # Two chunks of output rows: each task pads only the input rows its chunk reads.
+             single("tiled_s2", "Conv", [Inp((1, 64, 41, 39)), w(8, 64, 3, 3)],
+                    {"pads": [2, 1, 0, 1], "strides": [2, 2]}),
+             single("dw_small", "Conv", [Inp((1, 5, 7, 7)), w(5, 1, 3, 3)], {"group": 5, "pads": [1, 1, 1, 1]}),
              single("rows", "Conv", [Inp((1, 40, 7, 7)), w(40, 40, 1, 1), w(40)]),
              single("dw_s2", "Conv", [Inp((1, 3, 41, 37)), w(3, 1, 3, 3)],
                     {"group": 3, "pads": [1, 1, 1, 1], "strides": [2, 2]}),

@@ -264,6 +264,24 @@ def _pad_copy(g: Geometry, src: str, dst: str, planes: int) -> list[str]:
             "}"]
 
 
+def _pad_rows(g: Geometry, src: str, dst: str, planes: int, slo: str, shi: str) -> list[str]:
+    """2-D/1-D padded copy of only the padded rows that output positions [slo, shi) read (zeroed, then
+    the input rows among them copied in): what one task of the tiled path needs."""
+    _, PH, PW = _padded_dims(g)
+    _, IH, IW = g.inp
+    OW = g.out[2]
+    last = (g.k[1] - 1) * g.d[1]
+    pb = g.pb[1]
+    return [f"const size_t r0 = {slo} / {OW} * {g.s[1]}, r1 = ({shi} - 1) / {OW} * {g.s[1]} + {last + 1};",
+            f"const size_t i0 = r0 > {pb} ? r0 - {pb} : 0, i1 = r1 > {pb + IH} ? {IH} : r1 > {pb} ? r1 - {pb} : 0;",
+            f"for (size_t pl = 0; pl < {planes}; pl++) {{",
+            f"  for (size_t i = r0 * {PW}; i < r1 * {PW}; i++) {dst}[pl * {PH * PW} + i] = 0;",
+            "  for (size_t ih = i0; ih < i1; ih++)",
+            f"    for (size_t i = 0; i < {IW}; i++)",
+            f"      {dst}[pl * {PH * PW} + (ih + {pb}) * {PW} + {g.pb[2]} + i] = {src}[(pl * {IH} + ih) * {IW} + i];",
+            "}"]
+
+
 def _block_count(mg: int, cb: int) -> str:
     """C expression: the channels of block ``blk`` that exist; a literal when every block is full, so
     the compiler unrolls the loops that write a tile out."""
@@ -414,7 +432,18 @@ def _tiled_conv(g: Geometry, x: str, packed: str, y: str, isa: str, epi: Epilogu
     body = [f"const size_t blk = t % {nb}, ch = t / {nb} % {nch}, grp = t / {nb * nch} % {g.group}, "
             f"n = t / {nb * nch * g.group};",
             f"const float *xg = {x} + (n * {g.c} + grp * {cg}) * {g.in_size};"]
-    if pad:  # re-pad only when the (batch, group) changes
+    if pad and PD == 1:
+        # Re-pad when the (batch, group) changes, only the padded rows that this task's chunks of it
+        # read: with several tasks, each one zeroing and copying every plane whole repeated the copy.
+        per_grp = nb * nch
+        body += [f"if (t == t0 || t % {per_grp} == 0) {{",
+                 f"  const size_t tl = (t / {per_grp} + 1) * {per_grp} < t1 ? (t / {per_grp} + 1) * {per_grp} : t1;",
+                 f"  const size_t slo = ch * {chunk} < {OS - R} ? ch * {chunk} : {OS - R};",
+                 f"  const size_t shi = (tl - 1) / {nb} % {nch} * {chunk} + {chunk} < {OS} ? "
+                 f"(tl - 1) / {nb} % {nch} * {chunk} + {chunk} : {OS};",
+                 *("  " + ln for ln in _pad_rows(g, "xg", "xpad", cg, "slo", "shi")),
+                 "}", "const float *xp = xpad;"]
+    elif pad:  # re-pad only when the (batch, group) changes
         body += [f"if (t == t0 || t % {nb * nch} == 0) {{", *("  " + ln for ln in _pad_copy(g, "xg", "xpad", cg)),
                  "}", "const float *xp = xpad;"]
     else:
@@ -443,7 +472,8 @@ def _tiled_conv(g: Geometry, x: str, packed: str, y: str, isa: str, epi: Epilogu
     head = ""
     if pad:
         head = (f"float *restrict xpad = scratch + task * (size_t){per_task};\n"
-                f"const size_t t0 = (size_t){units} * task / ntasks;\n")
+                f"const size_t t0 = (size_t){units} * task / ntasks, t1 = (size_t){units} * (task + 1) / ntasks;"
+                " (void)t1;\n")
     return helpers, head + _task_loop(units, "\n".join("  " + ln for ln in body))
 
 
@@ -585,9 +615,18 @@ def _use_phase(g: Geometry) -> bool:
     return g.inp[0] == 1 and g.k[0] == 1 and (max(g.s[1:]) > 1 or math.prod(_padded_dims(g)) <= 4096)
 
 
-def _phase_scratch(g: Geometry) -> int:
+def _phase_areas(g: Geometry) -> tuple[int, int]:
+    """(phase floats, virtual positions computed) of the phase path. The flat loop runs to a multiple
+    of 16 positions so it has no scalar remainder (on a 14x14 plane that remainder took a third of
+    the time); the phase area grows by the positions added, which read zeros and are dropped."""
     sh, sw, ph2, pw2, nq = _phase_dims(g)
-    return (sh * sw * ph2 * pw2 + 15) // 16 * 16 + (nq + 15) // 16 * 16
+    nqv = (nq + 15) // 16 * 16
+    return (sh * sw * ph2 * pw2 + nqv - nq + 15) // 16 * 16, nqv
+
+
+def _phase_scratch(g: Geometry) -> int:
+    area, nqv = _phase_areas(g)
+    return area + nqv
 
 
 def _deinterleave2(fn: str, off: int) -> str:
@@ -622,7 +661,8 @@ def _depthwise_phase(g: Geometry, x: str, w: str, b: str | None, y: str, isa: st
     pbh, pbw = g.pb[1], g.pb[2]
     fma = isa in ("avx2", "avx512", "neon")
     # The padding is zeroed on a task's first unit only: later copies overwrite the same interior.
-    copy = [f"if (t == t0) for (size_t i = 0; i < {sh * sw * pp}; i++) ph[i] = 0;",
+    area, nqv = _phase_areas(g)
+    copy = [f"if (t == t0) for (size_t i = 0; i < {area}; i++) ph[i] = 0;",
             f"for (size_t ih = 0; ih < {IH}; ih++) {{",
             f"  const size_t i = ih + {pbh};",
             f"  const float *restrict sr = xs + ih * {IW};",
@@ -650,7 +690,7 @@ def _depthwise_phase(g: Geometry, x: str, w: str, b: str | None, y: str, isa: st
              *[f"const float w{i} = wc[{i}];" for i in range(g.taps)],
              f"const float bias_c = {f'{b}[c]' if b else '0.0f'};",
              UNROLL,
-             f"for (size_t q = 0; q < {nq}; q++) {{",
+             f"for (size_t q = 0; q < {nqv}; q++) {{",
              "  float v = bias_c;"]
     i = 0
     for kh in range(g.k[1]):
@@ -675,7 +715,7 @@ def _depthwise_phase(g: Geometry, x: str, w: str, b: str | None, y: str, isa: st
                   *("  " + e for e in (epi or [])),
                   "  yo[s] = v;", "}"]
     head = (f"float *restrict ph = scratch + task * (size_t){_phase_scratch(g)};\n"
-            f"float *restrict vo = ph + {(sh * sw * pp + 15) // 16 * 16};\n"
+            f"float *restrict vo = ph + {area};\n"
             f"const size_t t0 = (size_t){g.n * g.m} * task / ntasks;\n")
     return helper, head + _task_loop(g.n * g.m, "\n".join("  " + ln for ln in lines))
 
