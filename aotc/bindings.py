@@ -4,6 +4,11 @@ cffi's ABI mode reads the declarations aotc wrote next to the library (NAME.cdef
 no C compiler. cffi releases the GIL during the call; each thread gets its own workspace, so
 several threads may run one model at once. ``threads=N`` runs each kernel on N threads of a pool;
 models given the same ``ThreadPool`` share its threads instead of oversubscribing the machine.
+
+Data-dependent outputs (NonZero, Unique, NonMaxSuppression; see ``aotc.ops.dynamic``) come out of
+the C library at their upper-bound shape, with their valid extent in extra count outputs. ``run``
+trims them to the true shape and leaves the count outputs out, so Python sees ONNX's outputs;
+``run(..., raw=True)`` returns the C library's outputs as they are.
 """
 
 from __future__ import annotations
@@ -32,7 +37,16 @@ if TYPE_CHECKING:
 class TensorSpec:
     name: str
     dtype: np.dtype
-    shape: tuple[int, ...]
+    shape: tuple[int, ...]  # for a data-dependent output: its upper bound
+    # A data-dependent output: the axis whose extent varies, and the output that holds it.
+    bounded_axis: int | None = None
+    count: str | None = None
+
+
+def _spec(t: dict) -> TensorSpec:
+    b = t.get("bounded")
+    return TensorSpec(t["name"], dtypes.from_name(t["dtype"]), tuple(t["shape"]),
+                      b["axis"] if b else None, b["count"] if b else None)
 
 
 class ThreadPool:
@@ -57,6 +71,9 @@ class ThreadPool:
 class CompiledModel:
     """A compiled model: ``run(feeds) -> [outputs]`` in fetch order; ``.inputs``/``.outputs``.
 
+    ``.outputs`` are the model's outputs; ``.raw_outputs`` the C library's, which add a count output
+    after each data-dependent one.
+
     ``threads``: how many threads each run uses (default 1: the calling thread only), or a
     ``ThreadPool`` shared with other models (``other.pool``).
     """
@@ -71,8 +88,9 @@ class CompiledModel:
         self.name: str = self.metadata["name"]
         self.inputs = [TensorSpec(t["name"], dtypes.from_name(t["dtype"]), tuple(t["shape"]))
                        for t in self.metadata["inputs"]]
-        self.outputs = [TensorSpec(t["name"], dtypes.from_name(t["dtype"]), tuple(t["shape"]))
-                        for t in self.metadata["outputs"]]
+        self.raw_outputs = [_spec(t) for t in self.metadata["outputs"]]
+        self.outputs = [t for t, m in zip(self.raw_outputs, self.metadata["outputs"], strict=True)
+                        if not m.get("count_for")]
         self.workspace_bytes: int = self.metadata["workspace_bytes"]
         self.library_path = prefix.parent / f"lib{self.name}.so"
         self._ffi = cffi.FFI()
@@ -125,6 +143,9 @@ class CompiledModel:
         arrays = []
         for t in self.inputs:
             x = feeds[t.name]
+            if dtypes.is_string(t.dtype):
+                arrays.append(_string_pointers(self.name, t, x))
+                continue
             if isinstance(x, np.ndarray):
                 if x.dtype != t.dtype:
                     raise TypeError(f"{self.name}: input {t.name!r} must be {t.dtype}, got {x.dtype}")
@@ -141,23 +162,45 @@ class CompiledModel:
             a = np.zeros(1, np.uint8)
         return self._ffi.cast("void *", self._ffi.from_buffer(a))
 
-    def _outputs(self, out: Sequence[np.ndarray] | None) -> list[np.ndarray]:
+    def _outputs(self, out: Sequence[np.ndarray] | None, raw: bool = False) -> list[np.ndarray]:
+        """Buffers for every C output: ``out`` (the model's outputs, or all C outputs if ``raw``)
+        and fresh arrays for the rest."""
         if out is None:
-            return [np.empty(t.shape, t.dtype) for t in self.outputs]
+            return [np.empty(t.shape, t.dtype) for t in self.raw_outputs]
         out = list(out)
-        if len(out) != len(self.outputs):
-            raise ValueError(f"{self.name}: out must hold {len(self.outputs)} arrays, got {len(out)}")
-        for t, o in zip(self.outputs, out, strict=True):
+        specs = self.raw_outputs if raw else self.outputs
+        if len(out) != len(specs):
+            raise ValueError(f"{self.name}: out must hold {len(specs)} arrays, got {len(out)}")
+        for t, o in zip(specs, out, strict=True):
             if not isinstance(o, np.ndarray) or o.dtype != t.dtype or o.shape != t.shape \
                     or not o.flags.c_contiguous or not o.flags.writeable:
                 raise ValueError(f"{self.name}: out for {t.name!r} must be a writable C-contiguous "
                                  f"{t.dtype} array of shape {list(t.shape)}")
-        return out
+        if raw:
+            return out
+        given = iter(out)
+        return [next(given) if any(t is v for v in self.outputs) else np.empty(t.shape, t.dtype)
+                for t in self.raw_outputs]
+
+    def _trimmed(self, outs: list[np.ndarray]) -> list[np.ndarray]:
+        """The model's outputs from the C outputs ``outs``: each data-dependent one cut to the
+        extent its count output holds (a view of the leading part)."""
+        by_name = {t.name: o for t, o in zip(self.raw_outputs, outs, strict=True)}
+        res = []
+        for t in self.outputs:
+            o = by_name[t.name]
+            if t.count is not None:
+                n = int(by_name[t.count])
+                if not 0 <= n <= t.shape[t.bounded_axis]:
+                    raise RuntimeError(f"{self.name}: count {n} of {t.name!r} is out of range")
+                o = o[(slice(None),) * t.bounded_axis + (slice(0, n),)]
+            res.append(o)
+        return res
 
     def _call(self, fn, feeds: Mapping[str, object] | Sequence[object], *extra,
-              out: Sequence[np.ndarray] | None = None) -> list[np.ndarray]:
+              out: Sequence[np.ndarray] | None = None, raw: bool = False) -> list[np.ndarray]:
         arrays = self._check(feeds)
-        outs = self._outputs(out)
+        outs = self._outputs(out, raw)
         keep = [*arrays, *outs]  # noqa: F841 - buffers must outlive the call
         ins_c = self._ffi.new("void *[]", [self._ptr(a) for a in arrays] or [self._ffi.NULL])
         outs_c = self._ffi.new("void *[]", [self._ptr(a) for a in outs] or [self._ffi.NULL])
@@ -170,10 +213,13 @@ class CompiledModel:
         return outs
 
     def run(self, feeds: Mapping[str, object] | Sequence[object],
-            out: Sequence[np.ndarray] | None = None) -> list[np.ndarray]:
+            out: Sequence[np.ndarray] | None = None, raw: bool = False) -> list[np.ndarray]:
         """The outputs in fetch order. ``out``: arrays to write them into (reused buffers avoid the
-        page faults of fresh large allocations on every call)."""
-        return self._call(self._run, feeds, out=out)
+        page faults of fresh large allocations on every call); a data-dependent output's array has
+        its bound shape, and what is returned is a view of its valid part. ``raw``: return (and
+        take as ``out``) the C library's outputs, untrimmed and with the count outputs."""
+        outs = self._call(self._run, feeds, out=out, raw=raw)
+        return outs if raw else self._trimmed(outs)
 
     def profile(self, feeds: Mapping[str, object] | Sequence[object], iterations: int = 10,
                 trace: str | Path | None = None, warmup: int = 1) -> Profile:
@@ -199,6 +245,42 @@ class CompiledModel:
 
     def __call__(self, **feeds: object) -> list[np.ndarray]:
         return self.run(feeds)
+
+
+class _StringPointers(np.ndarray):
+    """The C view of a string input: one address per element (``aotc_string``), pointing into
+    ``strings``, NUL-terminated UTF-8 copies that live as long as this array does."""
+
+    strings: np.ndarray
+
+
+def _string_pointers(model: str, t: TensorSpec, x: object) -> np.ndarray:
+    """A string input (numpy str/bytes/object array, or nested lists) as an array of pointers."""
+    a = x if isinstance(x, np.ndarray) else np.asarray(x, dtype=object)
+    if a.dtype.kind not in "OUS":
+        raise TypeError(f"{model}: input {t.name!r} must hold strings (str, bytes or object), got {a.dtype}")
+    if a.shape != t.shape:
+        raise ValueError(f"{model}: input {t.name!r} must have shape {list(t.shape)}, got {list(a.shape)}")
+    encoded = []
+    for s in a.reshape(-1):
+        if isinstance(s, str):
+            try:
+                data = s.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise ValueError(f"{model}: input {t.name!r} holds a string that is not valid Unicode ({e})") from None
+        elif isinstance(s, bytes):
+            data = s
+        else:
+            raise TypeError(f"{model}: input {t.name!r} must hold strings, got a {type(s).__name__}")
+        if b"\0" in data:
+            raise ValueError(f"{model}: input {t.name!r} holds a string with a NUL character, which a C "
+                             "string cannot contain")
+        encoded.append(data + b"\0")
+    strings = np.frombuffer(b"".join(encoded) or b"\0", np.uint8)
+    starts = np.cumsum([0] + [len(e) for e in encoded[:-1]], dtype=np.uintp)[:len(encoded)]
+    ptrs = (starts + np.uintp(strings.ctypes.data)).astype(np.uintp).reshape(a.shape).view(_StringPointers)
+    ptrs.strings = strings
+    return ptrs
 
 
 _LOADED: dict[str, int] = {}

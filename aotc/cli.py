@@ -196,8 +196,9 @@ def _type_text(t: onnx.TypeProto) -> str:
     if kind != "tensor_type":
         return kind or "unknown type"
     tt = t.tensor_type
-    try:
-        dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type).name
+    try:  # numpy names strings "object"
+        dtype = "string" if tt.elem_type == onnx.TensorProto.STRING else \
+            onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type).name
     except (KeyError, ValueError):
         dtype = f"elem_type {tt.elem_type}"
     dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in tt.shape.dim]

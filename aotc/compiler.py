@@ -12,12 +12,15 @@ from typing import TYPE_CHECKING
 import onnx
 
 from aotc.build import write_and_build, write_if_changed
-from aotc.codegen.library import Library, cdef, generate, metadata
+from aotc.codegen.library import Library, bounded_layout, cdef, generate, metadata
 from aotc.codegen.names import check_model_name
 from aotc.codegen.programs import benchmark_program, test_program
 from aotc.config import Config, load_config
+from aotc.errors import AotcError
 from aotc.frontends.onnx import import_onnx, load_model
+from aotc.ir import dtypes
 from aotc.ir.graph import Graph
+from aotc.ops.dynamic import expose_counts
 from aotc.passes.pipeline import run_passes
 from aotc.passes.prune import apply_config
 from aotc.reference import random_inputs, run_reference, to_onnx
@@ -75,10 +78,14 @@ def compile_model(model: str | Path | onnx.ModelProto, out_dir: str | Path, name
     graph = import_onnx(proto, shapes, name)
     if cfg is not None:
         apply_config(graph, cfg)
+    if (gen_test or gen_benchmark) and any(dtypes.is_string(v.dtype) for v in graph.inputs):
+        raise AotcError("--gen-test and --gen-benchmark do not support string inputs: the generated "
+                        "programs store inputs as fixed-size binary elements, not strings")
     input_names = [v.name for v in graph.inputs]
-    output_names = [v.name for v in graph.outputs]
     graph.isa = target.isa
     reference_model = to_onnx(graph) if gen_test else None
+    bounded = expose_counts(graph)  # data-dependent outputs get their count outputs (ops/dynamic.py)
+    output_names = [v.name for v in graph.outputs]
     times["import"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -89,13 +96,14 @@ def compile_model(model: str | Path | onnx.ModelProto, out_dir: str | Path, name
     say(f"codegen: {len(graph.kernels)} kernels")
     model_path = Path(model) if isinstance(model, (str, Path)) else None
     lib = generate(graph, name, input_names, output_names, model_path.name if model_path else "<model>",
-                   profile=profile, pool=thread_pool)
+                   profile=profile, pool=thread_pool, bounded=bounded)
     times["codegen"] = time.perf_counter() - t0
     if reference_model is not None:
         t0 = time.perf_counter()
         say("reference outputs for the generated test")
         inputs = random_inputs([(t.dtype, tuple(t.shape)) for t in lib.inputs])
         expected, ref_name = run_reference(reference_model, inputs)
+        expected = bounded_layout(lib, expected)
         lib.files.update(test_program(lib, inputs, expected, ref_name, *test_tolerance, thread_pool))
         lib.programs[f"{name}_test"] = [f"{name}_test.c", f"{name}_test_data.S"]
         times["reference"] = time.perf_counter() - t0

@@ -61,6 +61,8 @@ def random_inputs(specs: list[tuple[str, tuple[int, ...]]], seed: int = 0) -> li
             out.append(rng.standard_normal(shape).astype(dt))
         elif dt.kind == "b":
             out.append(rng.random(shape) < 0.5)
+        elif dt.kind == "O":  # strings: empty ones, like the zeros for integers
+            out.append(np.full(shape, "", object))
         else:
             out.append(np.zeros(shape, dt))
     return out

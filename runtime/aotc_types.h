@@ -26,6 +26,13 @@
 
 #define AOTC_TYPES_INLINE static inline __attribute__((always_inline))
 
+/* A string element: a NUL-terminated UTF-8 string owned by the caller (generated headers of models
+ * with string inputs declare the same typedef). */
+#ifndef AOTC_STRING_DEFINED
+#define AOTC_STRING_DEFINED
+typedef const char *aotc_string;
+#endif
+
 AOTC_TYPES_INLINE uint32_t aotc__f32_bits(float x) {
   uint32_t u;
   memcpy(&u, &x, sizeof u);

@@ -4,7 +4,6 @@ is removed. Regenerate docs/ops.md (tools/ops_table.py) after changing this file
 
 from __future__ import annotations
 
-STRING = "string tensors: aotc compiles numeric tensors only (aotc/ir/dtypes.py lists the element types)"
 TRAINING = "training-mode Dropout draws random masks; aotc compiles inference only and rejects it"
 
 FFT_NOISE = ("the expected values are numpy 2's single-precision pocketfft result (np.fft.ifft of a complex64 "
@@ -19,14 +18,8 @@ IF_OPTIONAL = ("the If's condition is a graph input, so only known at run time, 
 
 EXPECTED_FAILURES: dict[str, str] = {
     "test_if_opt": IF_OPTIONAL,
-    "test_ai_onnx_ml_label_encoder_string_int": STRING,
-    "test_ai_onnx_ml_label_encoder_string_int_no_default": STRING,
-    "test_ai_onnx_ml_label_encoder_tensor_mapping": STRING,
-    "test_ai_onnx_ml_label_encoder_tensor_value_only_mapping": STRING,
     "test_dft_inverse": FFT_NOISE,
     "test_dft_inverse_opset19": FFT_NOISE,
-    "test_equal_string": STRING,
-    "test_equal_string_broadcast": STRING,
     "test_training_dropout": TRAINING,
     "test_training_dropout_default": TRAINING,
     "test_training_dropout_default_mask": TRAINING,

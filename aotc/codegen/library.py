@@ -46,6 +46,12 @@ class TensorInfo:
     dtype: str
     ctype: str
     shape: list[int]
+    # A data-dependent output (aotc/ops/dynamic.py): ``shape`` is its upper bound, and only the leading
+    # ``outputs[count]`` entries along ``bound_axis`` are valid (the rest is zeros).
+    bound_axis: int | None = None
+    count: int | None = None
+    # A count output: the positions of the outputs whose valid extent it holds.
+    count_for: list[int] = field(default_factory=list)
 
     @property
     def size(self) -> int:
@@ -108,8 +114,11 @@ class _Blob:
 
 
 def generate(graph: Graph, name: str, input_names: list[str], output_names: list[str],
-             source: str, profile: bool = False, pool: bool = True) -> Library:
-    """``profile`` adds NAME_run_profiled (per-kernel timestamps); ``pool`` adds the pthread pool."""
+             source: str, profile: bool = False, pool: bool = True,
+             bounded: dict[int, tuple[int, int]] | None = None) -> Library:
+    """``profile`` adds NAME_run_profiled (per-kernel timestamps); ``pool`` adds the pthread pool.
+    ``bounded``: output position -> (data-dependent axis, position of its count output), from
+    ``aotc.ops.dynamic.expose_counts``."""
     lib = Library(name)
     mangle = Mangler()
     mangle.used.update({"workspace", "inputs", "outputs", "in", "out", "ws", "i"})
@@ -118,6 +127,10 @@ def generate(graph: Graph, name: str, input_names: list[str], output_names: list
         for n, v in zip(names, values, strict=True):
             dest.append(TensorInfo(n, mangle(n), dtypes.dtype_name(v.dtype), dtypes.c_type(v.dtype),
                                    list(v.shape)))
+    for pos, (axis, count) in sorted((bounded or {}).items()):
+        t = lib.outputs[pos]
+        t.bound_axis, t.count = axis % len(t.shape), count
+        lib.outputs[count].count_for.append(pos)
     plan = graph.memory
     lib.workspace_bytes = plan.workspace_bytes
     lib.scratch_per_thread = plan.scratch_per_task
@@ -179,7 +192,7 @@ def metadata(lib: Library, graph: Graph, extra: dict) -> str:
         "name": lib.name,
         "aotc_version": __version__,
         "inputs": [{"name": t.name, "dtype": t.dtype, "shape": t.shape} for t in lib.inputs],
-        "outputs": [{"name": t.name, "dtype": t.dtype, "shape": t.shape} for t in lib.outputs],
+        "outputs": [_output_metadata(lib, t) for t in lib.outputs],
         "workspace_bytes": lib.workspace_bytes,
         "scratch_per_thread_bytes": lib.scratch_per_thread,
         "intermediate_bytes": plan.intermediate_bytes,
@@ -191,6 +204,37 @@ def metadata(lib: Library, graph: Graph, extra: dict) -> str:
         **extra,
     }
     return json.dumps(data, indent=1, sort_keys=True) + "\n"
+
+
+def _output_metadata(lib: Library, t: TensorInfo) -> dict:
+    """A data-dependent output says which axis is bounded and which output holds its valid extent;
+    a count output says whose extent it holds (the bindings return neither separately)."""
+    data: dict = {"name": t.name, "dtype": t.dtype, "shape": t.shape}
+    if t.count is not None:
+        data["bounded"] = {"axis": t.bound_axis, "count": lib.outputs[t.count].name}
+    if t.count_for:
+        data["count_for"] = [lib.outputs[i].name for i in t.count_for]
+    return data
+
+
+def bounded_layout(lib: Library, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    """The C library's outputs for the model's true outputs ``arrays`` (in fetch order, without
+    count outputs): data-dependent ones zero-padded to their bound, their counts inserted."""
+    visible = iter(arrays)
+    exact = {i: next(visible) for i, t in enumerate(lib.outputs) if not t.count_for}
+    res = []
+    for i, t in enumerate(lib.outputs):
+        if t.count_for:
+            src, axis = exact[t.count_for[0]], lib.outputs[t.count_for[0]].bound_axis
+            res.append(np.array(np.asarray(src).shape[axis], np.int64))
+            continue
+        a = np.asarray(exact[i])
+        if t.bound_axis is not None:
+            pad = [(0, 0)] * a.ndim
+            pad[t.bound_axis] = (0, t.shape[t.bound_axis] - a.shape[t.bound_axis])
+            a = np.pad(a, pad)
+        res.append(a)
+    return res
 
 
 def cdef(name: str, profile: bool = False, pool: bool = True) -> str:

@@ -54,6 +54,11 @@ def _default_opset(model: onnx.ModelProto) -> int:
 def _attr(a: onnx.AttributeProto):
     value = onnx.helper.get_attribute_value(a)
     if a.type == onnx.AttributeProto.TENSOR:
+        if value.data_type == onnx.TensorProto.STRING:  # e.g. LabelEncoder's keys_tensor
+            # numpy_helper decodes strictly; invalid UTF-8 is replaced, as in string attributes.
+            strings = np.array([s.decode("utf-8", "replace") for s in value.string_data], dtype=object)
+            dims = tuple(value.dims)
+            return strings.reshape(dims) if int(np.prod(dims)) == strings.size else strings
         return numpy_helper.to_array(value)
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
@@ -64,6 +69,8 @@ def _attr(a: onnx.AttributeProto):
 
 def _constant_value(node: onnx.NodeProto) -> np.ndarray:
     a = node.attribute[0]
+    if a.name in ("value_string", "value_strings") or (a.name == "value" and a.t.data_type == onnx.TensorProto.STRING):
+        raise _string_constant(f"Constant node {node.name!r}")
     if a.name == "value":
         return numpy_helper.to_array(a.t)
     v = onnx.helper.get_attribute_value(a)
@@ -72,6 +79,12 @@ def _constant_value(node: onnx.NodeProto) -> np.ndarray:
     if a.name in ("value_floats", "value_ints"):
         return np.array(v, dtype=np.float32 if a.name == "value_floats" else np.int64)
     raise AotcError(f"Constant node {node.name!r}: unsupported attribute {a.name}")
+
+
+def _string_constant(what: str) -> AotcError:
+    """String constants are refused: the weights blob holds fixed-size elements, not pointers."""
+    return AotcError(f"{what} is a string tensor: string constants are not supported "
+                    "(strings may only be graph inputs)")
 
 
 def _value_type(vi: onnx.ValueInfoProto) -> tuple[list[int | str | None], np.dtype]:
@@ -108,6 +121,8 @@ def import_onnx(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...] | None
     g.opset = opset
     env: dict[str, Value] = {}
     for init in model.graph.initializer:
+        if init.data_type == onnx.TensorProto.STRING:
+            raise _string_constant(f"initializer {init.name!r}")
         try:
             arr = numpy_helper.to_array(init)
         except Exception as e:

@@ -9,6 +9,11 @@ type (float, or int32_t for the small integers), every result of an emulated typ
 to it right away (the reference rounds op by op), and a write converts to the container. Rounding
 is to nearest even, overflowing as ml_dtypes does (inf, NaN, or wrapping integers); Cast and
 QuantizeLinear add their saturating variants themselves.
+
+Strings (ONNX STRING) are numpy ``object`` arrays of ``str``, as onnx uses. In C an element is an
+``aotc_string``, a ``const char *`` to a NUL-terminated UTF-8 string that the caller owns. Strings
+can be read (compared, looked up, moved by views), never created: a new string would need memory the
+library cannot allocate, so string constants and string outputs are refused (aotc/passes/strings.py).
 """
 
 from __future__ import annotations
@@ -47,7 +52,10 @@ _TABLE: dict[np.dtype, tuple[str, int, str]] = {
     np.dtype(ml_dtypes.uint4): ("uint8_t", TensorProto.UINT4, "uint4"),
     np.dtype(ml_dtypes.int2): ("uint8_t", TensorProto.INT2, "int2"),
     np.dtype(ml_dtypes.uint2): ("uint8_t", TensorProto.UINT2, "uint2"),
+    # A pointer per element (see the module docstring); typedef'd in the header and aotc_types.h.
+    np.dtype(object): ("aotc_string", TensorProto.STRING, "string"),
 }
+STRING = np.dtype(object)
 _FROM_ONNX = {onnx_t: dt for dt, (_, onnx_t, _) in _TABLE.items()}
 _FROM_NAME = {name: dt for dt, (_, _, name) in _TABLE.items()}
 
@@ -55,7 +63,7 @@ _FROM_NAME = {name: dt for dt, (_, _, name) in _TABLE.items()}
 # are ONNX's TensorProto numbers.
 DTYPE_CODES: dict[str, int] = {
     "float32": 1, "uint8": 2, "int8": 3, "uint16": 4, "int16": 5, "int32": 6, "int64": 7,
-    "bool": 9, "float16": 10, "float64": 11, "uint32": 12, "uint64": 13,
+    "string": 8, "bool": 9, "float16": 10, "float64": 11, "uint32": 12, "uint64": 13,
     "bfloat16": 16, "float8_e4m3fn": 17, "float8_e4m3fnuz": 18, "float8_e5m2": 19, "float8_e5m2fnuz": 20,
     "uint4": 21, "int4": 22, "float4_e2m1fn": 23, "float8_e8m0fnu": 24, "uint2": 25, "int2": 26,
 }
@@ -152,3 +160,7 @@ def from_name(name: str) -> np.dtype:
 
 def is_supported(dt: np.dtype) -> bool:
     return np.dtype(dt) in _TABLE
+
+
+def is_string(dt: np.dtype | None) -> bool:
+    return dt is not None and np.dtype(dt) == STRING

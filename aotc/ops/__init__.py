@@ -3,6 +3,7 @@
 from aotc.ops import (  # noqa: F401
     attention,
     conv,
+    dynamic,
     elementwise,
     index,
     integer,

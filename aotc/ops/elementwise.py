@@ -188,8 +188,15 @@ def _clip_infer(node: Node):
 register(OpDef("Clip", "elementwise", _clip_infer, expr=_clip))
 
 # -- comparisons and logic ------------------------------------------------------------------------
-for _name, _op in [("Equal", "=="), ("Less", "<"), ("Greater", ">"), ("LessOrEqual", "<="),
-                   ("GreaterOrEqual", ">=")]:
+def _equal(node: Node, x: list[str], _t: str) -> str:
+    # String elements are pointers: equal strings are equal bytes, not equal addresses.
+    if dtypes.is_string(node.inputs[0].dtype):
+        return f"(strcmp({x[0]}, {x[1]}) == 0)"
+    return f"({x[0]} == {x[1]})"
+
+
+ew("Equal", _equal, _bool)
+for _name, _op in [("Less", "<"), ("Greater", ">"), ("LessOrEqual", "<="), ("GreaterOrEqual", ">=")]:
     ew(_name, _f("({a} " + _op + " {b})"), _bool)
 ew("Not", _f("(!{a})"))
 ew("And", _f("({a} && {b})"))

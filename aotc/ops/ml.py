@@ -1,6 +1,7 @@
 """Classic machine-learning ops of the ``ai.onnx.ml`` domain: Binarizer, ArrayFeatureExtractor,
-TreeEnsemble (gradient-boosted trees and random forests in one op) and LabelEncoder (numeric keys and
-values); and the default domain's TfIdfVectorizer (integer tokens), its n-gram pool a constant table.
+TreeEnsemble (gradient-boosted trees and random forests in one op) and LabelEncoder (numeric or string
+keys, numeric values); and the default domain's TfIdfVectorizer (integer tokens), its n-gram pool a
+constant table.
 
 A tree ensemble is known entirely at compile time, so it becomes constant tables in the kernel (one
 row per interior node: feature, comparison, threshold, children) walked per input row. The
@@ -324,25 +325,35 @@ def _tfidf_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
 register(OpDef("TfIdfVectorizer", "kernel", _tfidf_infer, emit=_tfidf_emit))
 
 
-# -- LabelEncoder: a constant map from numeric keys to numeric values ----------------------------------------
+# -- LabelEncoder: a constant map from numeric or string keys to numeric values ------------------------------
+_NO_STRING_VALUES = ("string values are not supported: the output would be strings, and string outputs need "
+                     "allocation, which the library never does")
+
+
 def _le_attr(node: Node, kind: str) -> np.ndarray | None:
-    for suffix, dt in (("int64s", np.int64), ("floats", np.float32), ("tensor", None)):
+    for suffix, dt in (("int64s", np.int64), ("floats", np.float32), ("strings", object), ("tensor", None)):
         v = node.attr(f"{kind}_{suffix}")
         if v is not None:
             return np.asarray(v, dt)
     return None
 
 
+def _type_name(dt: np.dtype) -> str:
+    return dtypes.dtype_name(dt) if dtypes.is_supported(dt) else str(dt)
+
+
 def _le_table(node: Node) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(keys, values, default): keys as the input's dtype, values and default as the output's."""
+    """(keys, values, default): keys as the input's dtype (str objects for a string input), values and
+    default as the output's."""
     def bad(msg: str) -> AotcError:
         return AotcError(f"LabelEncoder node {node.name!r}: {msg}")
 
-    if any(node.attr(k) is not None for k in ("keys_strings", "values_strings", "default_string")):
-        raise bad("string keys or values are not supported (aotc compiles numeric tensors only)")
     keys, vals = _le_attr(node, "keys"), _le_attr(node, "values")
-    if keys is None or vals is None or keys.dtype.kind not in "iuf" or vals.dtype.kind not in "iuf":
-        raise bad("needs numeric keys and values (keys_int64s/keys_floats/keys_tensor, values_*)")
+    if vals is not None and dtypes.is_string(vals.dtype):
+        raise bad(_NO_STRING_VALUES)
+    if keys is None or vals is None or keys.dtype.kind not in "iufO" or vals.dtype.kind not in "iuf":
+        raise bad("needs keys (keys_int64s/keys_floats/keys_strings/keys_tensor) and numeric values "
+                  "(values_int64s/values_floats/values_tensor)")
     keys, vals = keys.reshape(-1), vals.reshape(-1)
     if keys.size != vals.size:
         raise bad(f"{keys.size} keys but {vals.size} values")
@@ -353,12 +364,19 @@ def _le_table(node: Node) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         default = np.asarray(node.attr("default_int64", -1))
     else:
         default = np.asarray(node.attr("default_float", -0.0))
+    if default.dtype.kind not in "iuf" or default.size == 0:
+        raise bad("the default must be one number")
     x = _in(node)
-    if (x.dtype.kind == "f") != (keys.dtype.kind == "f"):
-        raise bad(f"keys of type {keys.dtype} cannot match a {x.dtype} input")
-    as_x = keys.astype(x.dtype)
-    if not np.array_equal(as_x.astype(keys.dtype), keys, equal_nan=True):
-        raise bad(f"a key is not a {x.dtype} value")
+    if dtypes.is_string(x.dtype) or dtypes.is_string(keys.dtype):
+        if not (dtypes.is_string(x.dtype) and dtypes.is_string(keys.dtype)):
+            raise bad(f"keys of type {_type_name(keys.dtype)} cannot match a {_type_name(x.dtype)} input")
+        as_x = keys
+    else:
+        if (x.dtype.kind == "f") != (keys.dtype.kind == "f"):
+            raise bad(f"keys of type {keys.dtype} cannot match a {x.dtype} input")
+        as_x = keys.astype(x.dtype)
+        if not np.array_equal(as_x.astype(keys.dtype), keys, equal_nan=True):
+            raise bad(f"a key is not a {x.dtype} value")
     return as_x, vals, default.reshape(-1)[:1].astype(vals.dtype)
 
 
@@ -367,21 +385,56 @@ def _le_infer(node: Node):
     return [(x.shape, _le_table(node)[1].dtype)]
 
 
+def _c_bytes(data: bytes) -> str:
+    """A C string literal of ``data`` with every byte octal-escaped: text from a model file reaches the
+    source only this way, so no quote, backslash, newline, ``*/`` or ``??`` trigraph can break out."""
+    return '"' + "".join(f"\\{b:03o}" for b in data) + '"'
+
+
+def _string_keys(node: Node, keys: np.ndarray, vals: np.ndarray) -> tuple[list[bytes], np.ndarray]:
+    """The keys as UTF-8 bytes, sorted the way strcmp orders them, with their values. A duplicate key
+    keeps its last value; a key holding a NUL byte is dropped, as no input (a C string) can equal it."""
+    table: dict[bytes, object] = {}
+    for k, v in zip(keys, vals, strict=True):
+        try:
+            data = str(k).encode("utf-8")
+        except UnicodeEncodeError:
+            raise AotcError(f"LabelEncoder node {node.name!r}: a key is not valid Unicode text") from None
+        if b"\0" not in data:
+            table.pop(data, None)
+            table[data] = v
+    # bytes sort by unsigned byte values, shorter prefix first: strcmp's order for NUL-free strings.
+    order = sorted(table)
+    return order, np.array([table[k] for k in order], vals.dtype)
+
+
 def _le_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
     """Binary search over the sorted keys. Float keys compare bitwise, as the spec says, so a NaN key
-    maps NaN inputs (and -0.0 and 0.0 are different keys)."""
+    maps NaN inputs (and -0.0 and 0.0 are different keys); string keys compare with strcmp."""
     x, out = _in(node), node.outputs[0]
     keys, vals, default = _le_table(node)
-    if x.dtype.kind == "f":
-        bits = np.dtype(f"u{x.dtype.itemsize}")
-        keys, ktype = keys.view(bits), f"uint{8 * x.dtype.itemsize}_t"
-        read = f"{ktype} k; memcpy(&k, &{ins[0]}[i], sizeof k);"
+    if dtypes.is_string(x.dtype):
+        skeys, vals = _string_keys(node, keys, vals)
+        n_keys = len(skeys)
+        key_table = (f"static const char *const le_key[{max(n_keys, 1)}] = "
+                     f"{{{', '.join(_c_bytes(k) for k in skeys) or '0'}}};")
+        read = f"const char *const k = {ins[0]}[i];"
+        less, equal = "strcmp(le_key[m], k) < 0", "strcmp(le_key[a], k) == 0"
     else:
-        keys, ktype = keys.astype(np.int64), "int64_t"
-        read = f"const int64_t k = (int64_t){ins[0]}[i];"
-    _, first = np.unique(keys[::-1], return_index=True)  # duplicate keys: the last one wins
-    pick = keys.size - 1 - first
-    keys, vals = keys[pick], vals[pick].astype(out.dtype)
+        if x.dtype.kind == "f":
+            bits = np.dtype(f"u{x.dtype.itemsize}")
+            keys, ktype = keys.view(bits), f"uint{8 * x.dtype.itemsize}_t"
+            read = f"{ktype} k; memcpy(&k, &{ins[0]}[i], sizeof k);"
+        else:
+            keys, ktype = keys.astype(np.int64), "int64_t"
+            read = f"const int64_t k = (int64_t){ins[0]}[i];"
+        _, first = np.unique(keys[::-1], return_index=True)  # duplicate keys: the last one wins
+        pick = keys.size - 1 - first
+        keys, vals = keys[pick], vals[pick]
+        n_keys = keys.size
+        key_table = _int_table(ktype, "le_key", keys)
+        less, equal = "le_key[m] < k", "le_key[a] == k"
+    vals = vals.astype(out.dtype)
     if out.dtype.kind == "f":
         table = (f"static const {ctype} le_val[{max(vals.size, 1)}] = "
                  f"{{{', '.join(c_literal(float(v), ctype) for v in vals) or '0'}}};")
@@ -389,14 +442,16 @@ def _le_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
     else:
         table, dflt = _int_table(ctype, "le_val", vals), _int_lit(int(default[0]), ctype)
     n = int(np.prod(x.shape))
+    if n_keys == 0:  # e.g. every key held a NUL; ``a < 0`` on a size_t would not compile with -Wextra
+        return f"for (size_t i = task; i < {n}; i += ntasks) {outs[0]}[i] = {dflt};"
     return "\n".join([
-        _int_table(ktype, "le_key", keys), table,
+        key_table, table,
         f"const size_t lo = (size_t){n} * task / ntasks, hi = (size_t){n} * (task + 1) / ntasks;",
         "for (size_t i = lo; i < hi; i++) {",
         f"  {read}",
-        f"  size_t a = 0, b = {keys.size};",
-        "  while (a < b) { const size_t m = a + (b - a) / 2; if (le_key[m] < k) a = m + 1; else b = m; }",
-        f"  {outs[0]}[i] = a < {keys.size} && le_key[a] == k ? le_val[a] : {dflt};",
+        f"  size_t a = 0, b = {n_keys};",
+        f"  while (a < b) {{ const size_t m = a + (b - a) / 2; if ({less}) a = m + 1; else b = m; }}",
+        f"  {outs[0]}[i] = a < {n_keys} && {equal} ? le_val[a] : {dflt};",
         "}"])
 
 

@@ -14,6 +14,7 @@ from aotc.errors import AotcError
 from aotc.ir import dtypes
 from aotc.ir.graph import Graph, Node, Value
 from aotc.ops import OPS
+from aotc.passes.strings import check_strings
 
 # Folding must not turn a small graph into huge weights (e.g. a broadcast mask): above this,
 # a result is folded only if it is no bigger than its inputs.
@@ -96,6 +97,7 @@ def propagate(graph: Graph) -> bool:
             v.shape, v.dtype = tuple(int(d) for d in shape), np.dtype(dt)
         kept.append(node)
     graph.nodes = kept
+    check_strings(graph)  # now that every dtype is known
     return changed
 
 
