@@ -249,21 +249,50 @@ AOTC_MATH_INLINE float aotc__erfcx_tail(float a)
     return t * P;
 }
 
+/* erfc(a) ~= E(a - 2.4375) for 1 <= a <= 3.9192 (degree-14 minimax, absolute
+   error 6.6e-9 with the coefficients rounded to float).  A plain polynomial
+   costs less than e^{-a^2} times a rational tail (no exp, no division).  The
+   centre keeps a - 2.4375 exact for every float a in range, and erfc (small
+   coefficients) rather than erf (constant term ~1) is fitted so that rounding
+   the coefficients to float costs nothing measurable.  Evaluated as
+   E0(t^2) + t*E1(t^2): two interleaved Horner chains of half the length, so
+   the loop is bound by FMA throughput, not by one 14-deep dependency chain
+   (0.79 instead of 0.92 ns per GELU element on Zen 3). */
+AOTC_MATH_INLINE float aotc__erfc_poly(float a)
+{
+    float t = a - 2.4375f;
+    float t2 = t * t;
+    float E = AOTC_FMAF(t2, -0x1.256982p-20f, 0x1.224ebcp-16f);
+    E = AOTC_FMAF(E, t2, -0x1.21f598p-14f);
+    E = AOTC_FMAF(E, t2, -0x1.b68bbep-12f);
+    E = AOTC_FMAF(E, t2, 0x1.89c27cp-9f);
+    E = AOTC_FMAF(E, t2, 0x1.5eabccp-7f);
+    E = AOTC_FMAF(E, t2, 0x1.d9c44ep-8f);
+    E = AOTC_FMAF(E, t2, 0x1.2907f2p-11f);
+    float O = AOTC_FMAF(t2, 0x1.fb5528p-23f, -0x1.eb71fap-16f);
+    O = AOTC_FMAF(O, t2, 0x1.4b0a78p-12f);
+    O = AOTC_FMAF(O, t2, -0x1.985262p-12f);
+    O = AOTC_FMAF(O, t2, -0x1.d7eafp-8f);
+    O = AOTC_FMAF(O, t2, -0x1.609398p-7f);
+    O = AOTC_FMAF(O, t2, -0x1.84b7f6p-9f);
+    return AOTC_FMAF(t, O, E);
+}
+
 /*
- * erf.  |x| < 1: x + x*Q(x^2).  |x| >= 1: sign(x) * (1 - e^{-x^2} * t*P(t)),
- * t = 2/(2+|x|) (|x| clamped at 4, where erf already rounds to 1).
- * Odd, saturates to +-1, NaN -> NaN.
- * Measured max error: 7.6e-8 absolute, 1.3 ulp (FMA and baseline builds).
- * Tests assert <= 1e-7 absolute, <= 2 ulp.
+ * erf.  |x| < 1: x + x*Q(x^2).  1 <= |x| < 3.9192: sign(x) * (1 - E(|x|)),
+ * E a polynomial for erfc.  Beyond, erf rounds to +-1 in float.
+ * Odd, saturates to +-1, NaN -> NaN.  Both branches together are about 30
+ * vector operations with no exp and no division: GELU spends its time here.
+ * Measured max error: 1.05 ulp and 6.3e-8 absolute (FMA build), 1.21 ulp and
+ * 7.2e-8 absolute (baseline build).  Tests assert <= 1e-7 absolute, <= 2 ulp.
  */
 AOTC_MATH_INLINE float aotc_erff(float x)
 {
     float ax = aotc__absf(x);
     float small = AOTC_FMAF(x, aotc__erf_q(x * x), x);
-    float a = aotc__select(ax > 4.0f, 4.0f, ax); /* NaN passes */
-    float c = aotc__erfcx_tail(a) * aotc_expf(-(a * a)); /* erfc(|x|) */
-    float big = aotc__with_sign(1.0f - c, x);
-    return aotc__select(ax < 1.0f, small, big);
+    /* 0x1.f5a88ap+1 = 3.9192: the smallest float whose erf rounds to 1. */
+    float big = aotc__select(ax >= 0x1.f5a88ap+1f, 1.0f, 1.0f - aotc__erfc_poly(ax));
+    return aotc__select(ax < 1.0f, small, aotc__with_sign(big, x)); /* NaN: big is NaN */
 }
 
 /* ---- GELU ---------------------------------------------------------------- */

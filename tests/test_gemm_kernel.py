@@ -152,6 +152,11 @@ def _cases() -> Iterator[Case]:
     for m, n, k, b_const in ((300, 300, 300, False), (64, 512, 784, True), (600, 40, 200, True),
                              (7, 1000, 64, False)):
         yield Case(m, n, k, NATIVE, b_const=b_const, epilogue=True, threads=True, ntasks=(1, 2, 3, 5))
+    # Leftover rows re-cut into MR - 1 row panels (one M block, tasks split columns): with a partial last
+    # column panel, with A^T read in place, with a run-time B.
+    for m, n, k, b_const, trans_a in ((16, 40, 70, True, False), (32, 20, 50, False, True),
+                                      (64, 72, 33, False, False), (28, 100, 20, True, True)):
+        yield Case(m, n, k, NATIVE, b_const=b_const, trans_a=trans_a, epilogue=True, ntasks=(1, 2, 3))
     # Several blocks along every dimension (K > KC, M > MC, N > NC).
     yield Case(300, 3100, 700, NATIVE, ntasks=(1, 2))
     yield Case(257, 3100, 700, NATIVE, b_const=True, ntasks=(1, 2))
@@ -405,7 +410,8 @@ def test_sanitizers(tmp_path: Path) -> None:
                   GemmSpec(f"san_c_{isa}", 20, 45, 33, trans_b=True, isa=isa),
                   GemmSpec(f"san_d_{isa}", 1, 19, 9, isa=isa),
                   GemmSpec(f"san_e_{isa}", 13, 40, 520, trans_a=True, trans_b=True, isa=isa),
-                  GemmSpec(f"san_f_{isa}", 20, 13, 40, trans_a=True, isa=isa)]
+                  GemmSpec(f"san_f_{isa}", 20, 13, 40, trans_a=True, isa=isa),
+                  GemmSpec(f"san_g_{isa}", 16, 40, 70, isa=isa)]  # short (MR - 1 row) panels
     src = "".join(render_gemm(s, "v = v + bias[j]; v = (v < 0.0f ? 0.0f : v);", ", const float *restrict bias")
                   for s in specs) + SAN_MAIN
     calls = "".join(f'    bad |= check("{s.fn}", {s.fn}, {s.m}, {s.n}, {s.k}, {int(s.trans_a)}, {int(s.trans_b)},'

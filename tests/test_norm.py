@@ -150,3 +150,68 @@ def test_patterns(opset: int, tmp_path, monkeypatch) -> None:
     feeds = {"x": (R.standard_normal((2, 8, 48)) * 3 + 1).astype(np.float32)}
     got = aotc.load(res.prefix).run(feeds)[0]
     assert_close(got, run_ort(model, feeds)[0], 1e-4, 1e-5, f"patterns opset {opset}")
+
+
+# -- LayerNorm with its elementwise producer chain in the row kernel ------------------------------
+
+def _fused_ln_model() -> onnx.ModelProto:
+    """Three LayerNorms fed by elementwise chains: an erf GELU (the benchmark's shape, smaller), a
+    transpose + broadcast bias + Relu normalized over two axes (index remaps in the row), and a
+    per-row broadcast Add + Sigmoid whose sum is also fetched (so that chain must stay a kernel)."""
+    f32 = onnx.TensorProto.FLOAT
+    mk = helper.make_node
+    nodes = [mk("Div", ["a", "sqrt2"], ["a0"]), mk("Erf", ["a0"], ["a1"]), mk("Add", ["a1", "one"], ["a2"]),
+             mk("Mul", ["a", "a2"], ["a3"]), mk("Mul", ["a3", "half"], ["a4"]),
+             mk("LayerNormalization", ["a4", "ga", "ba"], ["ya"], axis=-1),
+             mk("Transpose", ["b"], ["b0"], perm=[0, 2, 1]), mk("Add", ["b0", "bb"], ["b1"]),
+             mk("Relu", ["b1"], ["b2"]), mk("LayerNormalization", ["b2", "gb"], ["yb", "mb", "ib"], axis=1),
+             mk("Add", ["c", "cr"], ["c0"]), mk("Sigmoid", ["c0"], ["c1"]),
+             mk("LayerNormalization", ["c1", "gc", "bc"], ["yc"], axis=-1), mk("Add", ["c1", "c1"], ["c2"])]
+    consts = {"sqrt2": np.float32(np.sqrt(2)), "one": np.float32(1), "half": np.float32(0.5),
+              "ga": _w(256), "ba": _w(256), "bb": _w(6), "gb": _w(8, 6), "cr": _w(3, 1, 1), "gc": _w(16),
+              "bc": _w(16)}
+    ins = {"a": [64, 256], "b": [4, 6, 8], "c": [3, 5, 16]}
+    outs = {"ya": [64, 256], "yb": [4, 8, 6], "mb": [4, 1, 1], "ib": [4, 1, 1], "yc": [3, 5, 16],
+            "c2": [3, 5, 16]}
+    graph = helper.make_graph(nodes, "fused_ln", [helper.make_tensor_value_info(k, f32, s) for k, s in ins.items()],
+                              [helper.make_tensor_value_info(k, f32, s) for k, s in outs.items()],
+                              [numpy_helper.from_array(np.asarray(v), k) for k, v in consts.items()])
+    return helper.make_model(graph, ir_version=IR_VERSION, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_layernorm_fuses_producer_chain(tmp_path) -> None:
+    import aotc
+    from aotc.compiler import compile_model
+
+    model = _fused_ln_model()
+    res = compile_model(model, tmp_path, "f")
+    fused = {k.root.outputs[0].name: k.ops for k in res.graph.kernels if k.root.op == "LayerNormalization"}
+    assert fused["ya"] == ["Gelu", "LayerNormalization"], fused
+    assert fused["yb"] == ["Transpose", "Add", "Relu", "LayerNormalization"], fused
+    assert fused["yc"] == ["LayerNormalization"], fused  # c1 is also read by c2
+    feeds = {k: (R.standard_normal(s) * 2).astype(np.float32) for k, s in (("a", (64, 256)), ("b", (4, 6, 8)),
+                                                                           ("c", (3, 5, 16)))}
+    got = aotc.load(res.prefix).run(feeds)
+    for g, w, name in zip(got, run_ort(model, feeds), ["ya", "yb", "mb", "ib", "yc", "c2"], strict=True):
+        assert_close(g, w, 1e-4, 1e-5, name)
+    for g, g2 in zip(got, aotc.load(res.prefix, threads=2).run(feeds), strict=True):
+        np.testing.assert_array_equal(g, g2)
+
+
+def test_fused_layernorm_sanitizers(tmp_path) -> None:
+    """The fused row kernels (index remaps, broadcasts, in-place row passes) under ASan and UBSan."""
+    import subprocess
+
+    from test_c_library import CC
+
+    from aotc.compiler import compile_model
+
+    probe = subprocess.run([CC, "-fsanitize=address,undefined", "-x", "c", "-", "-o", str(tmp_path / "p")],
+                           input="int main(void){return 0;}", capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip("sanitizer runtime not available")
+    flags = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-O1"]
+    compile_model(_fused_ln_model(), tmp_path, "m", extra_cflags=flags, gen_test=True)
+    proc = subprocess.run([str(tmp_path / "m_test")], capture_output=True, text=True)
+    assert "runtime error" not in proc.stderr and "AddressSanitizer" not in proc.stderr, proc.stderr
+    assert proc.returncode == 0 and "m_test: PASSED" in proc.stdout, proc.stdout

@@ -400,6 +400,7 @@ def erf_data():
         np.linspace(-5.0, 5.0, 250_000, dtype=np.float32),
         random_bits(rng, TINY, 1.0, 50_000, negative=True),
         random_bits(rng, 0.9, 1.1, 25_000, negative=True),  # branch switch
+        random_bits(rng, 1.0, 4.0, 100_000, negative=True),  # the erfc polynomial, up to saturation
     ])
     return x, erf_ref(x)
 

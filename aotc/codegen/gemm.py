@@ -258,6 +258,18 @@ def render_gemm(spec: GemmSpec, epilogue: str = "", extra_params: str = "") -> s
     # Rows left after the full MR panels of the last M block: handled by a shorter kernel, which can
     # cover several NR panels at once because it needs fewer accumulators per panel.
     me = spec.m % mr
+    # Short panels: a few rows left over (M=64 on avx2 leaves 4, a 4x16 tile of 8 accumulators, barely
+    # enough to hide the FMA latency) are instead absorbed by re-cutting the last rows into MR - 1 row
+    # panels (64 = 9 x 6 + 2 x 5), whose tiles stay nearly full.  Only where every task sees all M rows
+    # as one block (tasks split columns) so the cut is fixed at compile time, and not for A^T packed in
+    # MR-row panels, where a panel cannot start mid-panel.
+    nshort = mr - me if me and me < mr - 1 else 0
+    if nshort and (spec.m > plan.mc or plan.split_m or (plan.pack_a and spec.trans_a)
+                   or spec.m < nshort * (mr - 1) + mr):
+        nshort = 0
+    nfull = (spec.m - nshort * (mr - 1)) // mr
+    if nshort:
+        me = 0
     np_e = max(1, min(6, isa.acc_budget // (me * isa.nv))) if me else 1
     ne = spec.n % nr
     # A addressing: element (r, p) of a row panel is a[r * ars + p * aks].
@@ -284,11 +296,16 @@ def render_gemm(spec: GemmSpec, epilogue: str = "", extra_params: str = "") -> s
         return name
 
     kv_part = _ceil_div(ne, isa.lanes) if ne else isa.nv
-    names = dict(k_main="", k_main_part="", k_edge="", k_edge_group="", k_edge_part="")
+    names = dict(k_main="", k_main_part="", k_edge="", k_edge_group="", k_edge_part="", k_short="",
+                 k_short_part="")
     if spec.m >= mr:
         names["k_main"] = kernel(mr, 1)
         if ne:
             names["k_main_part"] = kernel(mr, 1, plan.direct_b, kv_part)
+    if nshort:
+        names["k_short"] = kernel(mr - 1, 1)
+        if ne:
+            names["k_short_part"] = kernel(mr - 1, 1, plan.direct_b, kv_part)
     if me:
         names["k_edge"] = kernel(me, 1)
         if np_e > 1:
@@ -299,7 +316,7 @@ def render_gemm(spec: GemmSpec, epilogue: str = "", extra_params: str = "") -> s
     ctx = dict(
         spec=spec, plan=plan, isa=isa, mr=mr, nr=nr, lanes=isa.lanes,
         M=spec.m, N=spec.n, K=spec.k, KC=plan.kc, MC=plan.mc, NC=plan.nc,
-        me=me, np_e=np_e, ne=ne, ars=ars, aks=aks, bps=bps,
+        me=me, np_e=np_e, ne=ne, ars=ars, aks=aks, bps=bps, nshort=nshort, nfull=nfull,
         kernels=list(kernels.values()), **names,
         mslabs=_ceil_div(spec.m, mr), nslabs=_ceil_div(spec.n, nr),
         packed_b_batch=(nb_packed[1] * nb_packed[2] * nb_packed[3]) if spec.b_batch_stride else 0,

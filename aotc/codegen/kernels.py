@@ -21,6 +21,7 @@ from aotc.ir import dtypes
 from aotc.ir.graph import Graph, Value
 from aotc.ops import OPS
 from aotc.ops import conv as conv_ops
+from aotc.ops import norm as norm_ops
 from aotc.passes.fuse import Kernel
 
 
@@ -122,6 +123,8 @@ def emit_kernel(k: Kernel, fn: str, isa: str) -> KernelSource:
         return _emit_gemm(k, fn, isa)
     if k.kind == "conv":
         return _emit_conv(k, fn, isa)
+    if len(k.nodes) > 1:
+        return _emit_fused_layernorm(k, fn)
     node = k.root
     op = OPS[node.op]
     if op.emit is None:
@@ -203,6 +206,37 @@ def _epilogue(k: Kernel, ptrs: dict[int, str]) -> tuple[list[str] | None, list[t
     if rank == 2:
         lines.insert(0, "(void)b;")
     return ["{", *lines, "}"], params
+
+
+def _emit_fused_layernorm(k: Kernel, fn: str) -> KernelSource:
+    """A LayerNormalization whose input row is computed by its fused elementwise chain."""
+    node = k.root
+    x = node.inputs[0]
+    assert node.op == "LayerNormalization" and x is not None
+    args, names, ptrs = _external(k)
+    rank, axis = len(x.shape), norm_ops.ln_axis(node)
+    em = Emitter(k, ptrs, rank)
+    val = em.value(x, identity_map(rank), "body")
+    # Flat strides of the row index r (over the axes before ``axis``) and of the in-row index k.
+    flat = [int(np.prod(x.shape[d + 1:axis if d < axis else rank])) for d in range(rank)]
+
+    def addr(acc: Access) -> str:
+        terms = [str(acc.base)] if acc.base else []
+        for var, dims in (("r", range(axis)), ("k", range(axis, rank))):
+            live = [d for d in dims if x.shape[d] != 1]
+            if not any(acc.coeffs[d] for d in live):
+                continue
+            scale = acc.coeffs[live[-1]]
+            if all(acc.coeffs[d] == scale * flat[d] for d in live):  # walks var contiguously
+                terms.append(var if scale == 1 else f"{scale} * {var}")
+            else:  # a broadcast or transpose across these axes: recover each index
+                terms += [f"{acc.coeffs[d]} * (({var} / {flat[d]}) % {x.shape[d]})" for d in live if acc.coeffs[d]]
+        return f"{acc.ptr}[{' + '.join(terms) or '0'}]"
+
+    ins = [""] + [ptrs[id(v)] for v in node.inputs[1:] if v is not None]
+    outs = [ptrs[id(v)] for v in node.outputs]
+    body = norm_ops.layernorm_kernel(node, ins, outs, dtypes.c_type(x.dtype), (em.render("body", addr), val))
+    return _function(fn, k, args, names, body)
 
 
 def _emit_conv(k: Kernel, fn: str, isa: str) -> KernelSource:

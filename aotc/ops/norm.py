@@ -47,29 +47,40 @@ def _lane_sum(ctype: str, acc: str, xr: str, n: int, term: str) -> list[str]:
 
 def _row_kernel(ctype: str, rows: int, n: int, blocks: int, eps: float, x: str, y: str,
                 scale: str | None, bias: str | None, mean_out: str | None = None,
-                inv_out: str | None = None) -> str:
+                inv_out: str | None = None, fill: tuple[list[str], str] | None = None) -> str:
     """Normalize ``rows`` rows of ``n`` contiguous elements.
 
     The last pass runs as ``blocks`` blocks of ``n / blocks`` elements so that per-block scales
     (GroupNorm's channels) and scales repeating along the row (LayerNorm's suffix-broadcast
     weights) index without a division in the inner loop. ``scale``/``bias`` are C expressions in
     ``r`` (row), ``j`` (block) and ``k`` (element in block); None means 1 / 0.
+
+    ``fill`` = (statements, value): the row is not read from ``x`` but computed, element ``k`` of
+    row ``r`` being ``value`` after ``statements`` (a fused producer chain). It is computed into
+    the output row, which then stays in L1 for the three passes, so the input makes one trip
+    through memory instead of being written by one kernel and read back by this one.
     """
     inner = n // blocks
     sqrt = "sqrtf" if ctype == "float" else "sqrt"
-    body = [f"const {ctype} *restrict xr = {x} + r * {n};",
-            f"{ctype} *restrict yr = {y} + r * {n};"]
+    body = [f"{ctype} *restrict yr = {y} + r * {n};"]
+    if fill is None:
+        body.insert(0, f"const {ctype} *restrict xr = {x} + r * {n};")
+    else:
+        # The passes below read the row back through yr itself (xr aliasing yr would break restrict).
+        body += [f"for (size_t k = 0; k < {n}; k++) {{", *("  " + s for s in fill[0]),
+                 f"  yr[k] = {fill[1]};", "}"]
+    xr = "xr" if fill is None else "yr"
     # Summing x - x[0] instead of x keeps the partial sums near the row's spread, not its offset.
-    body.append(f"const {ctype} pivot = xr[0];")
-    body += _lane_sum(ctype, "sum", "xr", n, "(v - pivot)")
+    body.append(f"const {ctype} pivot = {xr}[0];")
+    body += _lane_sum(ctype, "sum", xr, n, "(v - pivot)")
     body.append(f"const {ctype} mean = pivot + sum / {c_literal(n, ctype)};")
-    body += _lane_sum(ctype, "ssd", "xr", n, "(v - mean) * (v - mean)")
+    body += _lane_sum(ctype, "ssd", xr, n, "(v - mean) * (v - mean)")
     body.append(f"const {ctype} inv = 1 / {sqrt}(ssd / {c_literal(n, ctype)} + {c_literal(eps, ctype)});")
     if mean_out:
         body.append(f"{mean_out}[r] = mean;")
     if inv_out:
         body.append(f"{inv_out}[r] = inv;")
-    y_expr = "(xr[o + k] - mean) * " + (f"(inv * {scale})" if scale else "inv")
+    y_expr = f"({xr}[o + k] - mean) * " + (f"(inv * {scale})" if scale else "inv")
     if bias:
         y_expr += f" + {bias}"
     if blocks == 1:
@@ -85,7 +96,8 @@ def _row_kernel(ctype: str, rows: int, n: int, blocks: int, eps: float, x: str, 
 
 # -- LayerNormalization -----------------------------------------------------------------------
 
-def _ln_axis(node: Node) -> int:
+def ln_axis(node: Node) -> int:
+    """The first normalized axis of a LayerNormalization (rows are the axes before it)."""
     x = _x(node)
     return norm_axis(node.attr("axis", -1), len(x.shape), node)
 
@@ -99,7 +111,7 @@ def _ln_infer(node: Node):
     x = _x(node)
     if len(x.shape) == 0:
         raise AotcError(f"LayerNormalization node {node.name!r}: input must have rank >= 1")
-    axis = _ln_axis(node)
+    axis = ln_axis(node)
     stat = (tuple(x.shape[:axis]) + (1,) * (len(x.shape) - axis), _stash_dtype(node, x))
     return [(x.shape, x.dtype)] + [stat] * (len(node.outputs) - 1)
 
@@ -120,9 +132,12 @@ def _suffix_param(node: Node, v: Value | None, norm_shape: tuple[int, ...], what
     return int(np.prod(shape))
 
 
-def _ln_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
+def layernorm_kernel(node: Node, ins: list[str], outs: list[str], ctype: str,
+                     fill: tuple[list[str], str] | None = None) -> str:
+    """The LayerNorm row kernel; ``fill`` computes the input row instead of reading ``ins[0]``
+    (statements and a value in ``r``, the row, and ``k``, the element in the row)."""
     x = _x(node)
-    axis = _ln_axis(node)
+    axis = ln_axis(node)
     norm_shape = tuple(x.shape[axis:])
     n = int(np.prod(norm_shape))
     rows = int(np.prod(x.shape[:axis]))
@@ -146,10 +161,10 @@ def _ln_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
     mean_out = outs[1] if len(outs) > 1 and node.outputs[1].name else None
     inv_out = outs[2] if len(outs) > 2 and node.outputs[2].name else None
     return _row_kernel(ctype, rows, n, max(blocks, 1), float(node.attr("epsilon", 1e-5)), ins[0],
-                       outs[0], scale, bias, mean_out, inv_out)
+                       outs[0], scale, bias, mean_out, inv_out, fill)
 
 
-register(OpDef("LayerNormalization", "kernel", _ln_infer, emit=_ln_emit))
+register(OpDef("LayerNormalization", "kernel", _ln_infer, emit=layernorm_kernel))
 
 
 # -- InstanceNormalization / GroupNormalization -----------------------------------------------

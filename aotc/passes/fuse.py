@@ -8,6 +8,7 @@ Kernels are grown backwards from their last node, XLA-style producer->consumer f
 - a MatMul whose only consumer chain is elementwise at the same shape becomes a GEMM kernel with
   that chain as its epilogue, e.g. ``relu(x @ W + b)``; a Conv likewise becomes a conv kernel with its
   elementwise chain (folded BatchNorm, Relu/Clip/HardSwish, a residual Add) as epilogue;
+- a LayerNormalization takes the elementwise chain computing its input into its row kernel;
 - other ops (softmax, concat, ...) are template kernels of their own; aliases (reshapes) are free.
 """
 
@@ -102,6 +103,8 @@ def fuse(graph: Graph) -> bool:
         owner[id(node)] = k
         if k.kind == "loop":
             _grow(k, users, fetched, owner)
+        elif node.op == "LayerNormalization":
+            _grow_norm_input(k, users, fetched, owner)
         kernels.append(k)
     kernels.reverse()
     order = {id(n): i for i, n in enumerate(graph.nodes)}
@@ -112,9 +115,29 @@ def fuse(graph: Graph) -> bool:
     return True
 
 
-def _grow(k: Kernel, users: dict[int, list[Node]], fetched: set[int], owner: dict[int, Kernel]) -> None:
+def _grow_norm_input(k: Kernel, users: dict[int, list[Node]], fetched: set[int],
+                     owner: dict[int, Kernel]) -> None:
+    """Pull the elementwise chain computing a LayerNorm's input (e.g. a GELU) into its row kernel.
+
+    The row kernel computes each input row into its output row and normalizes it there while it
+    is in L1, so the input tensor is never written to memory and read back."""
+    x = k.root.inputs[0]
+    p = x.producer if x is not None else None
+    if x is None or p is None or x.is_const or id(p) in owner or id(x) in fetched \
+            or x.dtype not in (np.float32, np.float64) or len(p.outputs) != 1 \
+            or any(u is not k.root for u in users[id(x)]) or any(v is x for v in k.root.inputs[1:]) \
+            or OPS[p.op].kind != "elementwise":
+        return
+    owner[id(p)] = k
+    k.nodes.append(p)
+    _grow(k, users, fetched, owner, start=[p])
+
+
+def _grow(k: Kernel, users: dict[int, list[Node]], fetched: set[int], owner: dict[int, Kernel],
+          start: list[Node] | None = None) -> None:
+    """Add to ``k`` the producers of ``start`` (default: all of k's nodes) that may fuse into it."""
     out_shape = k.root.outputs[0].shape
-    work = list(k.nodes)
+    work = list(k.nodes if start is None else start)
     while work:
         n = work.pop()
         for v in n.inputs:
