@@ -66,6 +66,14 @@ CONV = [
     ("2d_1x1_group", (1, 8, 6, 6), (10, 4, 1, 1), {"group": 2}),
     ("2d_1x1_big_ci", (1, 70, 5, 5), (9, 70, 1, 1), {}),
     ("2d_1x1_pad", (1, 4, 5, 5), (6, 4, 1, 1), {"pads": [1, 0, 0, 1]}),
+    # 1x1 with channels in the lanes (AVX2, fewer outputs than inputs or small planes): chunks with a
+    # partial last tile, blocks of input channels, a partial last channel block, batch 2.
+    ("2d_1x1_project", (1, 40, 13, 11), (24, 40, 1, 1), {}),
+    ("2d_1x1_project_ci_blocks", (1, 130, 9, 11), (17, 130, 1, 1), {}),
+    ("2d_1x1_project_wide", (2, 300, 5, 7), (70, 300, 1, 1), {}),
+    ("2d_1x1_project_group", (1, 24, 7, 9), (6, 12, 1, 1), {"group": 2}),
+    # Expanding 1x1 on a larger plane: the rows path.
+    ("2d_1x1_expand", (1, 8, 9, 10), (24, 8, 1, 1), {}),
     ("1d_1x1", (1, 6, 40), (7, 6, 1), {}),
     ("3d_1x1", (1, 4, 3, 4, 5), (5, 4, 1, 1, 1), {}),
     ("2d_7x7_s2", (1, 3, 20, 20), (8, 3, 7, 7), {"pads": [3, 3, 3, 3], "strides": [2, 2]}),
@@ -244,6 +252,17 @@ FUSED: list[tuple[Case, int]] = [
     (Case("dw_large_residual_relu", [node("Conv", ["x", "w", "cb"], ["c"], group=2, pads=[1, 1, 1, 1]),
                                      node("Add", ["c", "x"], ["a"]), node("Relu", ["a"], ["y"])],
           {"x": Inp((1, 2, 66, 66))}, ["y"], {"w": w(2, 1, 3, 3), "cb": w(2)}, **tol(9)), 1),
+    # MobileNet's project conv: 1x1, fewer outputs than inputs, residual Add (then a Clip to cover
+    # both epilogue kinds); odd plane sizes and channel counts, input channels in blocks.
+    (Case("conv1x1_project_residual_clip", [node("Conv", ["x", "w", "cb"], ["c"]),
+                                            node("Add", ["c", "r"], ["a"]), node("Clip", ["a", "lo", "hi"], ["y"])],
+          {"x": Inp((1, 150, 11, 13)), "r": Inp((1, 19, 11, 13))}, ["y"],
+          {"w": w(19, 150, 1, 1), "cb": w(19), "lo": np.float32(-1), "hi": np.float32(1.5)}, **tol(150)), 1),
+    (Case("conv1x1_project_bn_clip", [node("Conv", ["x", "w"], ["c"]),
+                                      node("BatchNormalization", ["c", "s", "b", "mu", "var"], ["bn"]),
+                                      node("Clip", ["bn", "lo", "hi"], ["y"])],
+          {"x": Inp((2, 33, 5, 3))}, ["y"], {"w": w(10, 33, 1, 1), "lo": np.float32(0), "hi": np.float32(6),
+                                              **bn_consts(10)}, **tol(33)), 1),
     # The conv output is also fetched: no fusion, two kernels.
     (Case("conv_two_outputs", [node("Conv", ["x", "w"], ["c"]), node("Relu", ["c"], ["y"])],
           {"x": Inp((1, 3, 6, 6))}, ["c", "y"], {"w": w(4, 3, 3, 3)}, **tol(27)), 2),
@@ -300,6 +319,7 @@ def test_conv_threads_bit_identical(tmp_path) -> None:
              single("tiled_s2", "Conv", [Inp((1, 64, 41, 39)), w(8, 64, 3, 3)],
                     {"pads": [1, 2, 1, 0], "strides": [2, 2]}),
              single("rows", "Conv", [Inp((1, 32, 12, 12)), w(40, 32, 1, 1), w(40)]),
+             single("pointwise", "Conv", [Inp((1, 160, 17, 15)), w(40, 160, 1, 1), w(40)]),
              single("dw", "Conv", [Inp((1, 32, 20, 20)), w(32, 1, 3, 3)], {"group": 32, "pads": [1, 1, 1, 1]}),
              single("dw_rows", "Conv", [Inp((1, 8, 70, 66)), w(8, 1, 3, 3)], {"group": 8, "pads": [1, 1, 1, 1]}),
              single("generic", "Conv", [Inp((1, 8, 12, 12)), Inp((16, 8, 3, 3))]),
@@ -319,6 +339,8 @@ def test_conv_portable_target(tmp_path, target: str) -> None:
     """The vector code of the fast paths also builds for targets without AVX (4-lane vectors)."""
     cases = [single("tiled", "Conv", [Inp((1, 4, 9, 9)), w(20, 4, 3, 3), w(20)], {"pads": [1, 1, 1, 1]}, **tol(36)),
              single("rows", "Conv", [Inp((1, 8, 6, 6)), w(10, 8, 1, 1)], **tol(8)),
+             # The AVX2 channel-lane 1x1 kernel's shape: the rows path on other targets.
+             single("project", "Conv", [Inp((1, 40, 7, 7)), w(16, 40, 1, 1), w(16)], **tol(40)),
              single("dw", "Conv", [Inp((1, 3, 9, 9)), w(3, 1, 3, 3)], {"group": 3, "strides": [2, 2]}, **tol(9)),
              single("dw_rows", "Conv", [Inp((1, 2, 66, 65)), w(2, 1, 3, 3)], {"group": 2, "pads": [1, 1, 1, 1]},
                     **tol(9)),
@@ -335,7 +357,8 @@ def test_conv_paths_sanitizers_run_clean(tmp_path) -> None:
     """Every conv path's generated C under ASan and UBSan, through the generated test program (stored
     outputs, then a 2-thread rerun): the padded copies (whole, and the rows of a task's chunks), the
     stride-2 column split (widths with and without a left pad, a row length that is not a multiple
-    of the vector), the phase loop's positions past the plane, the 1x1 panels."""
+    of the vector), the phase loop's positions past the plane, the 1x1 panels, the 1x1 channel-lane
+    kernel's accumulator buffers."""
     import subprocess
 
     from test_c_library import CC
@@ -349,7 +372,9 @@ def test_conv_paths_sanitizers_run_clean(tmp_path) -> None:
              single("tiled_s2", "Conv", [Inp((1, 64, 41, 39)), w(8, 64, 3, 3)],
                     {"pads": [2, 1, 0, 1], "strides": [2, 2]}),
              single("dw_small", "Conv", [Inp((1, 5, 7, 7)), w(5, 1, 3, 3)], {"group": 5, "pads": [1, 1, 1, 1]}),
-             single("rows", "Conv", [Inp((1, 40, 7, 7)), w(40, 40, 1, 1), w(40)]),
+             single("rows", "Conv", [Inp((1, 32, 12, 12)), w(40, 32, 1, 1), w(40)]),
+             # Channels in the lanes: input-channel blocks, a partial last tile and 8x8 block.
+             single("pointwise", "Conv", [Inp((1, 150, 9, 11)), w(19, 150, 1, 1), w(19)]),
              single("dw_s2", "Conv", [Inp((1, 3, 41, 37)), w(3, 1, 3, 3)],
                     {"group": 3, "pads": [1, 1, 1, 1], "strides": [2, 2]}),
              single("dw_s2_nopad", "Conv", [Inp((1, 2, 40, 35)), w(2, 1, 3, 3)], {"group": 2, "strides": [2, 2]}),
