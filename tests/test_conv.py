@@ -58,6 +58,10 @@ CONV = [
     ("2d_pad1", (1, 8, 9, 10), (16, 8, 3, 3), {"pads": [1, 1, 1, 1]}),
     ("2d_pad_asym", (1, 5, 8, 7), (6, 5, 3, 2), {"pads": [0, 1, 2, 0]}),
     ("2d_stride2", (1, 4, 11, 10), (7, 4, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
+    # Weight blocks over 64 KB: the sum runs over blocks of 64 input channels (the last one partial).
+    ("2d_ci_blocks", (1, 150, 7, 7), (40, 150, 3, 3), {"pads": [1, 1, 1, 1]}),
+    ("2d_ci_blocks_nopad_batch2", (2, 130, 6, 6), (16, 130, 3, 3), {}),
+    ("2d_ci_blocks_5x5_s2", (1, 100, 9, 8), (20, 100, 5, 5), {"pads": [2, 2, 2, 2], "strides": [2, 2]}),
     ("2d_stride_mixed", (1, 4, 10, 13), (3, 4, 2, 3), {"strides": [3, 2]}),
     ("2d_dil", (1, 3, 12, 12), (5, 3, 3, 3), {"dilations": [2, 3], "pads": [2, 2, 1, 3]}),
     ("2d_1x1", (1, 16, 7, 7), (24, 16, 1, 1), {}),
@@ -316,6 +320,7 @@ def test_conv_threads_bit_identical(tmp_path) -> None:
     """Every path splits work over (batch, channel) units, never a sum: results do not depend on the
     number of tasks."""
     cases = [single("tiled", "Conv", [Inp((2, 16, 12, 12)), w(24, 16, 3, 3)], {"pads": [1, 1, 1, 1]}),
+             single("tiled_ci_blocks", "Conv", [Inp((1, 136, 9, 9)), w(32, 136, 3, 3)], {"pads": [1, 1, 1, 1]}),
              single("tiled_s2", "Conv", [Inp((1, 64, 41, 39)), w(8, 64, 3, 3)],
                     {"pads": [1, 2, 1, 0], "strides": [2, 2]}),
              single("rows", "Conv", [Inp((1, 32, 12, 12)), w(40, 32, 1, 1), w(40)]),
@@ -368,6 +373,7 @@ def test_conv_paths_sanitizers_run_clean(tmp_path) -> None:
     if probe.returncode != 0:
         pytest.skip("sanitizer runtime not available")
     cases = [single("tiled", "Conv", [Inp((1, 8, 12, 11)), w(24, 8, 3, 3)], {"pads": [1, 1, 1, 1]}),
+             single("tiled_ci_blocks", "Conv", [Inp((1, 136, 9, 9)), w(32, 136, 3, 3)], {"pads": [1, 1, 1, 1]}),
              # Two chunks of output rows: each task pads only the input rows its chunk reads.
              single("tiled_s2", "Conv", [Inp((1, 64, 41, 39)), w(8, 64, 3, 3)],
                     {"pads": [2, 1, 0, 1], "strides": [2, 2]}),

@@ -366,9 +366,33 @@ def conv_scratch_floats(g: Geometry, path: str, isa: str) -> int:
         return _phase_scratch(g) if _use_phase(g) else 0
     if path == "tiled" and (pw := pointwise_plan(g, isa)) is not None:
         return 2 * pw.cb * _pointwise_chunk(g, pw)[1]
-    if path != "tiled" or not _needs_pad(g):
+    if path != "tiled":
         return 0
-    return (math.prod(_padded_dims(g)) + 15) // 16 * 16 * (g.c // g.group)
+    plan = tile_plan(g, isa)
+    sums = _tiled_chunks(g, plan.r)[0] * plan.cb if _ci_block(g, plan) < g.c // g.group else 0
+    pad = (math.prod(_padded_dims(g)) + 15) // 16 * 16 * (g.c // g.group) if _needs_pad(g) else 0
+    return pad + sums
+
+
+def _tiled_chunks(g: Geometry, r: int) -> tuple[int, int]:
+    """(positions per chunk, chunks) of the tiled path: chunks of (nearly) equal size, multiples of the
+    tile height, whose input fits in L2 (a short last chunk would leave one task almost idle)."""
+    os_ = g.out_size
+    cap = max(r, min(os_, 65536 // max(1, (g.c // g.group) * g.s[1] * g.s[2])) // r * r)
+    nch = -(-os_ // cap)
+    per_chunk = -(-os_ // nch)
+    chunk = -(-per_chunk // r) * r
+    return chunk, -(-os_ // chunk)
+
+
+def _ci_block(g: Geometry, plan: TilePlan) -> int:
+    """Input channels per pass of the tiled path. A channel block's weights beyond 64 KB (ResNet's
+    512-channel 3x3 convs: 295 KB) do not stay in L2 beside the input while every tile of the chunk
+    rereads them, so the sum runs over blocks of 64 input channels (36 KB of 3x3 weights), each swept
+    over all tiles, the partial sums kept in scratch. Stored and reloaded floats are exact, so the
+    result is the same bits as one pass."""
+    cg = g.c // g.group
+    return cg if cg * g.taps * plan.cb * 4 <= 65536 else 64
 
 
 def _tiled_conv(g: Geometry, x: str, packed: str, y: str, isa: str, epi: Epilogue | None,
@@ -390,22 +414,25 @@ def _tiled_conv(g: Geometry, x: str, packed: str, y: str, isa: str, epi: Epilogu
         return vec[fmt].format(**kw)
 
     # Micro-kernel: R positions (window starts xo[r]) x CB channels, summed over ci and taps.
-    mk = [f"{vec['target']}static inline void {fn}(const float *restrict xp, const size_t *xo, "
-          f"const float *restrict wp, const float *restrict bias, float *restrict tile) {{"]
-    mk += [f"  {vec['vt']} a{r}_{j} = {V('load', p=f'bias + {j * L}')};" for r in range(R) for j in range(nv)]
+    # ``init`` holds the starting sums: the bias (istride 0, the same for every position) or the
+    # partial sums of earlier input-channel blocks (istride CB). ``tile`` may alias ``init``.
+    mk = [f"{vec['target']}static inline void {fn}(const float *xp, const size_t *xo, "
+          f"const float *wp, const float *init, size_t istride, float *tile, size_t nci) {{"]
+    mk += [f"  {vec['vt']} a{r}_{j} = {V('load', p=f'init + {r} * istride + {j * L}')};"
+           for r in range(R) for j in range(nv)]
     mk += [f"  const float *restrict x{r} = xp + xo[{r}];" for r in range(R)]
     # Up to 16 taps are unrolled (constant address offsets); larger kernels loop over kernel rows
     # with the taps of a row unrolled: a fully unrolled 7x7 body overflows the decoded-op cache.
     kw = g.k[2]
     if len(taps) <= 16:
-        mk += [f"  for (size_t ci = 0; ci < {cg}; ci++) {{",
+        mk += ["  for (size_t ci = 0; ci < nci; ci++) {",
                f"    const float *restrict wc = wp + ci * {len(taps) * cb};",
                f"    const size_t o = ci * {ps};"]
         steps = [(f"wc + {t * cb}", f"o + {off}") for t, off in enumerate(taps)]
     else:
         rows = taps[::kw]
         mk += [f"  static const size_t rows[{len(rows)}] = {{{', '.join(map(str, rows))}}};",
-               f"  for (size_t ci = 0; ci < {cg}; ci++) {{",
+               "  for (size_t ci = 0; ci < nci; ci++) {",
                f"    for (size_t tr = 0; tr < {len(rows)}; tr++) {{",
                f"      const float *restrict wc = wp + (ci * {len(rows)} + tr) * {kw * cb};",
                f"      const size_t o = ci * {ps} + rows[tr];"]
@@ -429,12 +456,8 @@ def _tiled_conv(g: Geometry, x: str, packed: str, y: str, isa: str, epi: Epilogu
     per_task = conv_scratch_floats(g, "tiled", isa)
     # Work units are (batch, group, spatial chunk, channel block), block fastest: a task sweeps every
     # channel block over one chunk of output positions while that chunk's input stays in L2.
-    # Chunks of (nearly) equal size: a short last chunk would leave one task almost idle.
-    cap = max(R, min(OS, 65536 // max(1, cg * g.s[1] * g.s[2])) // R * R)
-    nch = -(-OS // cap)
-    per_chunk = -(-OS // nch)
-    chunk = -(-per_chunk // R) * R
-    nch = -(-OS // chunk)
+    chunk, nch = _tiled_chunks(g, R)
+    cib = _ci_block(g, plan)
     units = g.n * g.group * nch * nb
     body = [f"const size_t blk = t % {nb}, ch = t / {nb} % {nch}, grp = t / {nb * nch} % {g.group}, "
             f"n = t / {nb * nch * g.group};",
@@ -455,21 +478,33 @@ def _tiled_conv(g: Geometry, x: str, packed: str, y: str, isa: str, epi: Epilogu
                  "}", "const float *xp = xpad;"]
     else:
         body.append("const float *xp = xg;")
+    offsets = [f"  for (size_t r = 0; r < {R}; r++) {{",
+               "    const size_t s = sb + r;",
+               f"    xo[r] = ((s / {OH * OW}) * {g.s[0]} * {PH} + (s / {OW} % {OH}) * {g.s[1]}) * {PW} "
+               f"+ (s % {OW}) * {g.s[2]};",
+               "  }"]
+    tiles = [f"for (size_t s0 = ch * {chunk}, k = 0; s0 < send; s0 += {R}, k++) {{",
+             f"  const size_t sb = s0 + {R} <= {OS} ? s0 : {OS - R};  /* the last tile overlaps */"]
     body += [f"const float *wp = {packed} + (grp * {nb} + blk) * {cg * g.taps * cb};",
              f"const float *bias = {packed} + {bias_off} + (grp * {nb} + blk) * {cb};",
              f"const size_t c0 = grp * {mg} + blk * {cb}, cn = {_block_count(mg, cb)};",
-             f"float tile[{R * cb}] __attribute__((aligned(64)));",
              f"size_t xo[{R}];",
-             f"const size_t send = ch * {chunk} + {chunk} < {OS} ? ch * {chunk} + {chunk} : {OS};",
-             f"for (size_t s0 = ch * {chunk}; s0 < send; s0 += {R}) {{",
-             f"  const size_t sb = s0 + {R} <= {OS} ? s0 : {OS - R};  /* the last tile overlaps */",
-             f"  for (size_t r = 0; r < {R}; r++) {{",
-             "    const size_t s = sb + r;",
-             f"    xo[r] = ((s / {OH * OW}) * {g.s[0]} * {PH} + (s / {OW} % {OH}) * {g.s[1]}) * {PW} "
-             f"+ (s % {OW}) * {g.s[2]};",
-             "  }",
-             f"  {fn}(xp, xo, wp, bias, tile);",
-             f"  for (size_t r = 0; r < {R}; r++) {{",
+             f"const size_t send = ch * {chunk} + {chunk} < {OS} ? ch * {chunk} + {chunk} : {OS};"]
+    if cib < cg:  # input-channel blocks over every tile of the chunk, sums kept in scratch
+        body += [f"for (size_t cl = 0; cl < {cg}; cl += {cib}) {{",
+                 *("  " + ln for ln in tiles),
+                 *("  " + ln for ln in offsets),
+                 f"    float *tile = sums + k * {R * cb};",
+                 f"    {fn}(xp + cl * {ps}, xo, wp + cl * {g.taps * cb}, cl ? tile : bias, cl ? {cb} : 0, tile, "
+                 f"cl + {cib} < {cg} ? {cib} : {cg} - cl);",
+                 "  }", "}",
+                 *tiles,
+                 f"  const float *tile = sums + k * {R * cb};"]
+    else:
+        body += [f"float tile[{R * cb}] __attribute__((aligned(64)));",
+                 *tiles, *offsets,
+                 f"  {fn}(xp, xo, wp, bias, 0, tile, {cg});"]
+    body += [f"  for (size_t r = 0; r < {R}; r++) {{",
              "    const size_t s = sb + r;",
              "    for (size_t j = 0; j < cn; j++) {",
              f"      const size_t c = c0 + j; float v = tile[r * {cb} + j];",
@@ -481,6 +516,8 @@ def _tiled_conv(g: Geometry, x: str, packed: str, y: str, isa: str, epi: Epilogu
         head = (f"float *restrict xpad = scratch + task * (size_t){per_task};\n"
                 f"const size_t t0 = (size_t){units} * task / ntasks, t1 = (size_t){units} * (task + 1) / ntasks;"
                 " (void)t1;\n")
+    if cib < cg:
+        head += f"float *restrict sums = scratch + task * (size_t){per_task} + {per_task - chunk * cb};\n"
     return helpers, head + _task_loop(units, "\n".join("  " + ln for ln in body))
 
 
