@@ -4,7 +4,6 @@ is removed. Regenerate docs/ops.md (tools/ops_table.py) after changing this file
 
 from __future__ import annotations
 
-TRAINING = "training-mode Dropout draws random masks; aotc compiles inference only and rejects it"
 
 FFT_NOISE = ("the expected values are numpy 2's single-precision pocketfft result (np.fft.ifft of a complex64 "
              "array computes in complex64: a radix-2 then a radix-5 pass with float32 twiddles, then a "
@@ -20,8 +19,4 @@ EXPECTED_FAILURES: dict[str, str] = {
     "test_if_opt": IF_OPTIONAL,
     "test_dft_inverse": FFT_NOISE,
     "test_dft_inverse_opset19": FFT_NOISE,
-    "test_training_dropout": TRAINING,
-    "test_training_dropout_default": TRAINING,
-    "test_training_dropout_default_mask": TRAINING,
-    "test_training_dropout_mask": TRAINING,
 }

@@ -98,15 +98,34 @@ register(OpDef("LogSoftmax", "kernel", _same, emit=_softmax_emit))
 def _dropout_infer(node: Node):
     x = node.inputs[0]
     assert x is not None
-    ratio = const_input(node, 1, "the ratio")
-    training = const_input(node, 2, "training_mode")
-    r = float(node.attr("ratio", 0.5) if ratio is None else ratio.reshape(-1)[0])
-    if training is not None and bool(training.reshape(-1)[0]) and r > 0:
-        raise AotcError(f"Dropout node {node.name!r}: training mode (random masks) is not supported")
+    dropout_mask(node)  # checks the ratio
     return [(x.shape, x.dtype), (x.shape, np.dtype(np.bool_))]
 
 
-# Inference-mode dropout is the identity; the simplifier removes it.
+def dropout_mask(node: Node) -> tuple[np.ndarray, np.ndarray] | None:
+    """(kept-element mask, ``x * factor`` factors) of a training-mode Dropout, None in inference mode.
+
+    The ratio and training_mode must be compile-time constants, so the mask is drawn here, at compile
+    time, the way the ONNX reference draws it: numpy's legacy generator seeded with the node's
+    ``seed`` (0 when absent), ``uniform(0, 1) >= ratio``, kept elements scaled by ``1 / (1 - ratio)``.
+    Every run of the compiled model applies the same mask: a library without mutable state has no
+    generator to advance between runs."""
+    x = node.inputs[0]
+    assert x is not None
+    ratio = const_input(node, 1, "the ratio")
+    training = const_input(node, 2, "training_mode")
+    r = node.attr("ratio", 0.5) if ratio is None else ratio.reshape(-1)[0]
+    if not 0 <= float(r) < 1:
+        raise AotcError(f"Dropout node {node.name!r}: ratio {float(r)} is not in [0, 1)")
+    if training is None or not bool(training.reshape(-1)[0]) or float(r) == 0:
+        return None
+    mask = np.random.RandomState(int(node.attr("seed", 0))).uniform(0, 1.0, x.shape) >= r
+    scale = np.asarray(1 / (1 - r)).astype(x.dtype)
+    return mask, np.where(mask, scale, np.zeros((), x.dtype)).astype(x.dtype)
+
+
+# Inference-mode dropout is the identity and training-mode dropout a product with constant factors:
+# the simplifier rewrites both.
 register(OpDef("Dropout", "alias", _dropout_infer, const_inputs=(1, 2)))
 
 

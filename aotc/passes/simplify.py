@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from aotc.ir.graph import Graph, Node, Value
-from aotc.ops.nn import bn_training
+from aotc.ops.nn import bn_training, dropout_mask
 
 
 class _Rewriter:
@@ -55,10 +55,14 @@ def simplify(graph: Graph) -> bool:
         n.inputs = [get(v) for v in n.inputs]
         x = n.inputs[0] if n.inputs else None
         if n.op in ("Identity", "Dropout"):
-            replace[id(n.outputs[0])] = x  # type: ignore[assignment]
+            drawn = dropout_mask(n) if n.op == "Dropout" else None
+            if drawn is None:
+                replace[id(n.outputs[0])] = x  # type: ignore[assignment]
+            else:
+                rw.node("Mul", [x, Graph.constant(drawn[1], "dropout_factor")], {}, n.name, out=n.outputs[0])
             if len(n.outputs) > 1 and (id(n.outputs[1]) in users or any(o is n.outputs[1] for o in graph.outputs)):
-                mask = Graph.constant(np.ones(n.outputs[1].shape, np.bool_), "mask")
-                replace[id(n.outputs[1])] = mask
+                keep = drawn[0] if drawn is not None else np.ones(n.outputs[1].shape, np.bool_)
+                replace[id(n.outputs[1])] = Graph.constant(keep, "mask")
             rw.changed = True
             continue
         if n.op in ("Flatten", "Squeeze", "Unsqueeze") or (n.op == "Reshape" and x is not None
