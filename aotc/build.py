@@ -18,8 +18,11 @@ from aotc import __version__
 from aotc.codegen.library import Library, env
 from aotc.errors import AotcError, BuildError
 
-# -fno-math-errno lets sqrt vectorize; IEEE semantics for NaN and infinities are kept (no -ffast-math).
-BASE_CFLAGS = ["-O3", "-std=c11", "-fPIC", "-fvisibility=hidden", "-fno-math-errno",
+# -fno-math-errno lets sqrt vectorize. -fno-trapping-math lets compilers evaluate a comparison on both
+# sides of a select, which vectorizes clamps such as HardSwish's (MobileNetV3's depthwise convs were
+# scalar without it); no code here reads floating-point exception flags. Values keep IEEE semantics:
+# NaN, infinities and signed zeros as written (no -ffast-math).
+BASE_CFLAGS = ["-O3", "-std=c11", "-fPIC", "-fvisibility=hidden", "-fno-math-errno", "-fno-trapping-math",
                "-fno-semantic-interposition"]
 
 

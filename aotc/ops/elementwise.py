@@ -138,7 +138,10 @@ ew("Celu", lambda n, x, t:
 
 
 def _clamp01(e: str, t: str) -> str:
-    return f"({e} < 0 ? {c_literal(0, t)} : ({e} > 1 ? {c_literal(1, t)} : {e}))"
+    # Clamp below, then clamp that (as Clip does): both comparisons always run, which compilers turn
+    # into vector selects more readily than the nested form's compare on one branch. NaN stays NaN.
+    lo = f"({e} < 0 ? {c_literal(0, t)} : {e})"
+    return f"({lo} > 1 ? {c_literal(1, t)} : {lo})"
 
 
 ew("HardSigmoid", lambda n, x, t:
