@@ -256,6 +256,24 @@ FUSED: list[tuple[Case, int]] = [
     (Case("dw_large_residual_relu", [node("Conv", ["x", "w", "cb"], ["c"], group=2, pads=[1, 1, 1, 1]),
                                      node("Add", ["c", "x"], ["a"]), node("Relu", ["a"], ["y"])],
           {"x": Inp((1, 2, 66, 66))}, ["y"], {"w": w(2, 1, 3, 3), "cb": w(2)}, **tol(9)), 1),
+    # The tiled path's transposed write-out (AVX2): a stride-2 stem-like conv with a Clip, and a
+    # residual Add over several write-out steps, a partial last tile and a partial channel block.
+    (Case("conv_stem_s2_clip", [node("Conv", ["x", "w", "cb"], ["c"], pads=[1, 1, 1, 1], strides=[2, 2]),
+                                node("Clip", ["c", "lo", "hi"], ["y"])],
+          {"x": Inp((1, 3, 45, 37))}, ["y"], {"w": w(21, 3, 3, 3), "cb": w(21), "lo": np.float32(0),
+                                              "hi": np.float32(1.5)}, **tol(27)), 1),
+    (Case("conv_tiled_residual_relu", [node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+                                       node("Add", ["c", "r"], ["a"]), node("Relu", ["a"], ["y"])],
+          {"x": Inp((2, 5, 23, 19)), "r": Inp((2, 13, 23, 19))}, ["y"], {"w": w(13, 5, 3, 3)}, **tol(45)), 1),
+    # Depthwise row path: interiors of exactly one vector and of a vector and a few columns (the
+    # last block overlaps the one before), with a residual Add.
+    (Case("dw_rows_overlap_residual", [node("Conv", ["x", "w", "cb"], ["c"], group=3, pads=[1, 1, 1, 1]),
+                                       node("Add", ["c", "x"], ["y"])],
+          {"x": Inp((1, 3, 70, 67))}, ["y"], {"w": w(3, 1, 3, 3), "cb": w(3)}, **tol(9)), 1),
+    (Case("dw_rows_one_vector", [node("Conv", ["x", "w"], ["c"], group=2, pads=[0, 1, 0, 1]),
+                                 node("Clip", ["c", "lo", "hi"], ["y"])],
+          {"x": Inp((1, 2, 500, 10))}, ["y"], {"w": w(2, 1, 3, 3), "lo": np.float32(-0.5),
+                                               "hi": np.float32(0.5)}, **tol(9)), 1),
     # MobileNet's project conv: 1x1, fewer outputs than inputs, residual Add (then a Clip to cover
     # both epilogue kinds); odd plane sizes and channel counts, input channels in blocks.
     (Case("conv1x1_project_residual_clip", [node("Conv", ["x", "w", "cb"], ["c"]),
@@ -327,6 +345,8 @@ def test_conv_threads_bit_identical(tmp_path) -> None:
              single("pointwise", "Conv", [Inp((1, 160, 17, 15)), w(40, 160, 1, 1), w(40)]),
              single("dw", "Conv", [Inp((1, 32, 20, 20)), w(32, 1, 3, 3)], {"group": 32, "pads": [1, 1, 1, 1]}),
              single("dw_rows", "Conv", [Inp((1, 8, 70, 66)), w(8, 1, 3, 3)], {"group": 8, "pads": [1, 1, 1, 1]}),
+             single("stem", "Conv", [Inp((1, 3, 61, 57)), w(32, 3, 3, 3), w(32)], {"pads": [1, 1, 1, 1],
+                                                                                   "strides": [2, 2]}),
              single("generic", "Conv", [Inp((1, 8, 12, 12)), Inp((16, 8, 3, 3))]),
              single("convt", "ConvTranspose", [Inp((1, 8, 10, 10)), w(8, 8, 3, 3)], {"strides": [2, 2]}),
              single("pool", "MaxPool", [Inp((1, 64, 24, 24))], {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]})]
@@ -363,7 +383,8 @@ def test_conv_paths_sanitizers_run_clean(tmp_path) -> None:
     outputs, then a 2-thread rerun): the padded copies (whole, and the rows of a task's chunks), the
     stride-2 column split (widths with and without a left pad, a row length that is not a multiple
     of the vector), the phase loop's positions past the plane, the 1x1 panels, the 1x1 channel-lane
-    kernel's accumulator buffers."""
+    kernel's accumulator buffers, the tiled path's write-out buffers, the overlapping column blocks
+    of the depthwise rows."""
     import subprocess
 
     from test_c_library import CC
@@ -384,7 +405,12 @@ def test_conv_paths_sanitizers_run_clean(tmp_path) -> None:
              single("dw_s2", "Conv", [Inp((1, 3, 41, 37)), w(3, 1, 3, 3)],
                     {"group": 3, "pads": [1, 1, 1, 1], "strides": [2, 2]}),
              single("dw_s2_nopad", "Conv", [Inp((1, 2, 40, 35)), w(2, 1, 3, 3)], {"group": 2, "strides": [2, 2]}),
-             single("dw_rows", "Conv", [Inp((1, 2, 70, 66)), w(2, 1, 3, 3)], {"group": 2, "pads": [1, 1, 1, 1]})]
+             single("dw_rows", "Conv", [Inp((1, 2, 70, 66)), w(2, 1, 3, 3)], {"group": 2, "pads": [1, 1, 1, 1]}),
+             single("dw_rows_one_vector", "Conv", [Inp((1, 2, 500, 10)), w(2, 1, 3, 3)],
+                    {"group": 2, "pads": [0, 1, 0, 1]}),
+             # The tiled write-out: the last tile of the plane overlaps, a partial channel block.
+             single("stem", "Conv", [Inp((1, 3, 61, 57)), w(21, 3, 3, 3), w(21)], {"pads": [1, 1, 1, 1],
+                                                                                   "strides": [2, 2]})]
     model, _ = build_model(cases)
     flags = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-O1"]
     compile_model(model, tmp_path, "m", extra_cflags=flags, gen_test=True)

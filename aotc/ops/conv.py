@@ -333,6 +333,11 @@ def tile_plan(g: Geometry, isa: str) -> TilePlan:
     mg = g.m // g.group
     nv = 1 if mg <= lanes else 2
     rmax = min(vec["budget"] // nv, 8, g.out_size)
+    if isa == "avx2" and nv == 2:
+        # 6 x 2 accumulators leave the 2 weight vectors and the broadcast 3 of the 16 registers, and
+        # GCC then reloads weights into FMAs and spills; 5 x 2 measured 5-7% faster on ResNet-18's
+        # 3x3 convs (64 channels, 56x56) and 7x7 stem as single layers, 1-3% in the model.
+        rmax = min(rmax, 5)
     # The last tile overlaps the one before: take the tile height that computes the fewest positions,
     # counting half a position of overhead per tile (7x7 = 49 positions: 10 tiles of 5, not 9 of 6).
     r = min(range(max(1, rmax - 2), rmax + 1), key=lambda r: (-(-g.out_size // r) * (2 * r + 1), -r))
@@ -371,7 +376,24 @@ def conv_scratch_floats(g: Geometry, path: str, isa: str) -> int:
     plan = tile_plan(g, isa)
     sums = _tiled_chunks(g, plan.r)[0] * plan.cb if _ci_block(g, plan) < g.c // g.group else 0
     pad = (math.prod(_padded_dims(g)) + 15) // 16 * 16 * (g.c // g.group) if _needs_pad(g) else 0
+    if _tiled_vector_out(g, plan, isa):
+        q = _tiled_out_chunk(plan)
+        sums += (q + plan.r) * plan.cb + plan.cb * q
     return pad + sums
+
+
+def _tiled_vector_out(g: Geometry, plan: TilePlan, isa: str) -> bool:
+    """Whether the tiled path writes its tiles out through 8x8 transposes (AVX2) rather than one
+    scalar store per output, strided by the plane: on MobileNetV2's stem (27 MACs per output) the
+    scalar write-out took about as long as the sums."""
+    return isa == "avx2" and _ci_block(g, plan) == g.c // g.group
+
+
+def _tiled_out_chunk(plan: TilePlan) -> int:
+    """Positions per write-out step of the tiled path: whole tiles and whole 8x8 transposes, the
+    position-major sums and their transpose within about 16 KB."""
+    step = plan.r * 8
+    return max(step, 2048 // plan.cb // step * step)
 
 
 def _tiled_chunks(g: Geometry, r: int) -> tuple[int, int]:
@@ -416,7 +438,9 @@ def _tiled_conv(g: Geometry, x: str, packed: str, y: str, isa: str, epi: Epilogu
     # Micro-kernel: R positions (window starts xo[r]) x CB channels, summed over ci and taps.
     # ``init`` holds the starting sums: the bias (istride 0, the same for every position) or the
     # partial sums of earlier input-channel blocks (istride CB). ``tile`` may alias ``init``.
-    mk = [f"{vec['target']}static inline void {fn}(const float *xp, const size_t *xo, "
+    # Not inlined (nor the 1x1 kernel's): its registers are then allocated apart from the write-out
+    # loop's constants (see _pointwise_conv).
+    mk = [f"{vec['target']}static __attribute__((noinline)) void {fn}(const float *xp, const size_t *xo, "
           f"const float *wp, const float *init, size_t istride, float *tile, size_t nci) {{"]
     mk += [f"  {vec['vt']} a{r}_{j} = {V('load', p=f'init + {r} * istride + {j * L}')};"
            for r in range(R) for j in range(nv)]
@@ -500,17 +524,45 @@ def _tiled_conv(g: Geometry, x: str, packed: str, y: str, isa: str, epi: Epilogu
                  "  }", "}",
                  *tiles,
                  f"  const float *tile = sums + k * {R * cb};"]
+    elif _tiled_vector_out(g, plan, isa):
+        # Steps of Q positions: the tiles go to a position-major buffer (R rows of headroom in front
+        # for the last tile, moved back to overlap), 8x8 transposes turn it into one row per channel,
+        # and the epilogue runs over contiguous positions, which GCC vectorizes.
+        Q = _tiled_out_chunk(plan)
+        body += [f"for (size_t q0 = ch * {chunk}; q0 < send; q0 += {Q}) {{",
+                 f"  const size_t len = send - q0 < {Q} ? send - q0 : {Q};",
+                 f"  for (size_t p = 0; p < len; p += {R}) {{",
+                 f"    const size_t sb = q0 + p + {R} <= {OS} ? q0 + p : {OS - R};  /* the last tile overlaps */",
+                 *("  " + ln for ln in offsets),
+                 f"    {fn}(xp, xo, wp, bias, 0, acc + ((ptrdiff_t)sb - (ptrdiff_t)q0) * {cb}, {cg});",
+                 "  }",
+                 # Rows of acc past len hold stale sums; they land in tb past len, which nothing reads.
+                 "  for (size_t p = 0; p < len; p += 8)",
+                 f"    for (size_t j = 0; j < {nv * L // 8}; j++) "
+                 f"{fn}_tr8(acc + p * {cb} + j * 8, {cb}, tb + j * {8 * Q} + p, {Q});",
+                 "  for (size_t i = 0; i < cn; i++) {",
+                 "    const size_t c = c0 + i;",
+                 f"    float *restrict yr = {y} + (n * {g.m} + c) * {OS} + q0;",
+                 f"    const float *restrict tr = tb + i * {Q};",
+                 "    for (size_t j = 0; j < len; j++) {",
+                 *(["      const size_t s = q0 + j; (void)s;"] if epi else []),
+                 "      float v = tr[j];",
+                 *_epi_block(epi, g, "s", "      "),
+                 "      yr[j] = v;",
+                 "    }", "  }", "}"]
+        helpers += _transpose8(fn)
     else:
         body += [f"float tile[{R * cb}] __attribute__((aligned(64)));",
                  *tiles, *offsets,
                  f"  {fn}(xp, xo, wp, bias, 0, tile, {cg});"]
-    body += [f"  for (size_t r = 0; r < {R}; r++) {{",
-             "    const size_t s = sb + r;",
-             "    for (size_t j = 0; j < cn; j++) {",
-             f"      const size_t c = c0 + j; float v = tile[r * {cb} + j];",
-             *_epi_block(epi, g, "s", "      "),
-             f"      {y}[(n * {g.m} + c) * {OS} + s] = v;",
-             "    }", "  }", "}"]
+    if not _tiled_vector_out(g, plan, isa):
+        body += [f"  for (size_t r = 0; r < {R}; r++) {{",
+                 "    const size_t s = sb + r;",
+                 "    for (size_t j = 0; j < cn; j++) {",
+                 f"      const size_t c = c0 + j; float v = tile[r * {cb} + j];",
+                 *_epi_block(epi, g, "s", "      "),
+                 f"      {y}[(n * {g.m} + c) * {OS} + s] = v;",
+                 "    }", "  }", "}"]
     head = ""
     if pad:
         head = (f"float *restrict xpad = scratch + task * (size_t){per_task};\n"
@@ -518,6 +570,10 @@ def _tiled_conv(g: Geometry, x: str, packed: str, y: str, isa: str, epi: Epilogu
                 " (void)t1;\n")
     if cib < cg:
         head += f"float *restrict sums = scratch + task * (size_t){per_task} + {per_task - chunk * cb};\n"
+    if _tiled_vector_out(g, plan, isa):  # the last (Q + R + Q) * CB floats of the task's scratch
+        Q = _tiled_out_chunk(plan)
+        head += (f"float *restrict acc = scratch + task * (size_t){per_task} + {per_task - Q * cb - Q * cb};\n"
+                 f"float *restrict tb = acc + {Q * cb};\n")
     return helpers, head + _task_loop(units, "\n".join("  " + ln for ln in body))
 
 
@@ -725,9 +781,11 @@ def _pointwise_conv(g: Geometry, x: str, packed: str, y: str, isa: str, epi: Epi
         GCC folds the weight loads into the FMAs, one load per FMA: with the broadcasts that is more
         loads than Zen 3's two 256-bit loads a cycle can feed (k8 of MobileNetV2 ran at 60% of peak).
         An empty asm statement keeps the weight vectors that fit in registers (16 minus the
-        accumulators minus the broadcast) there."""
+        accumulators minus the broadcast) there. Not inlined: inlined into the task loop, the
+        epilogue's Clip constants (vectorized since -fno-trapping-math) took a register and GCC kept
+        one accumulator on the stack, 1.7x slower on MobileNetV2's 160 -> 960 convs on 7x7."""
         pin = max(0, min(nv, 15 - r_ * nv))
-        mk = [f"{vec['target']}static inline void {fn}_r{r_}(const float *restrict x, size_t kn, "
+        mk = [f"{vec['target']}static __attribute__((noinline)) void {fn}_r{r_}(const float *restrict x, size_t kn, "
               "const float *restrict w, const float *init, size_t is, float *out) {"]
         mk += [f"  {vt} a{r}_{j} = {V('load', p=f'init + {r} * is + {j * 8}')};" for r in range(r_) for j in range(nv)]
         mk += ["  for (size_t ci = 0; ci < kn; ci++) {",
@@ -981,12 +1039,23 @@ def _depthwise_conv(g: Geometry, x: str, w: str, b: str | None, y: str, isa: str
                   f"        if (iw >= 0 && iw < {IW}) {acc(f'wc[j * {g.k[2]} + kw]', 'rp[j][iw]')}",
                   "      }",
                   *store("    "), "  }"]
-    lines += ["  " + UNROLL,
-              f"  for (size_t ow = {owa}; ow < {owb}; ow++) {{",
-              "    float v = bias_c;",
-              *(f"    {acc(f'w{j * g.k[2] + kw}', f'r{j}[ow * {g.s[2]} + ({kw * g.d[2] - g.pb[2]})]')}"
-                for j in range(kr) for kw in range(g.k[2])),
-              *store("    "), "  }", "}"]
+    taps = [f"    {acc(f'w{j * g.k[2] + kw}', f'r{j}[ow * {g.s[2]} + ({kw * g.d[2] - g.pb[2]})]')}"
+            for j in range(kr) for kw in range(g.k[2])]
+    lanes = _VEC.get(isa, _VEC["generic"])["lanes"]
+    if owb - owa >= lanes:
+        # Blocks of one vector of columns, the last one moved back to overlap the one before: a plain
+        # loop over 110 or 54 columns left the vectorizer a scalar remainder of 6 columns per row.
+        # Columns computed twice get the same value (the inputs never alias the output).
+        lines += ["  " + UNROLL,
+                  f"  for (size_t ob = {owa}; ob < {owb}; ob += {lanes}) {{",
+                  f"    const size_t o0 = ob + {lanes} <= {owb} ? ob : {owb - lanes};",
+                  "    #pragma GCC ivdep",
+                  f"    for (size_t k = 0; k < {lanes}; k++) {{",
+                  "    const size_t ow = o0 + k;",
+                  "    float v = bias_c;", *taps, *store("    "), "  }", "  }", "}"]
+    else:
+        lines += ["  " + UNROLL, f"  for (size_t ow = {owa}; ow < {owb}; ow++) {{",
+                  "    float v = bias_c;", *taps, *store("    "), "  }", "}"]
     zrow = f"static const float {fn}_zrow[{IW}] = {{0}};\n"
     return zrow, _task_loop(g.n * g.m, "\n".join("  " + ln for ln in lines))
 
