@@ -4,7 +4,6 @@ is removed. Regenerate docs/ops.md (tools/ops_table.py) after changing this file
 
 from __future__ import annotations
 
-
 FFT_NOISE = ("the expected values are numpy 2's single-precision pocketfft result (np.fft.ifft of a complex64 "
              "array computes in complex64: a radix-2 then a radix-5 pass with float32 twiddles, then a "
              "float32 1/n scale); its imaginary parts on the Nyquist row are 1.9e-7 where the exact transform "

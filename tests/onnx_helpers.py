@@ -306,3 +306,38 @@ class GroupRunner:
         for name, g, w in zip(case.outputs, out.got, out.want, strict=True):
             assert_close(g, w, case.rtol, case.atol, f"{case.id}:{name}")
         return out
+
+
+SANITIZE = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-O1"]
+
+
+def require_sanitizers(tmp_path: Path) -> str:
+    """The C compiler, or a skip when it cannot build ASan/UBSan programs here."""
+    import shutil
+    import subprocess
+
+    import pytest
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    probe = subprocess.run([cc, "-fsanitize=address,undefined", "-x", "c", "-", "-o", str(tmp_path / "probe")],
+                           input="int main(void){return 0;}", capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip("sanitizer runtime not available")
+    return cc
+
+
+def run_generated_test_under_sanitizers(model: onnx.ModelProto, tmp_path: Path, flags: Sequence[str] = SANITIZE,
+                                        **compile_kw) -> None:
+    """Builds ``model`` with ``flags`` and its generated test program (the stored reference outputs,
+    then a 2-thread rerun), runs it and asserts that it passes with no sanitizer report."""
+    import subprocess
+
+    from aotc.compiler import compile_model
+
+    require_sanitizers(tmp_path)
+    compile_model(model, tmp_path, "m", extra_cflags=list(flags), gen_test=True, **compile_kw)
+    proc = subprocess.run([str(tmp_path / "m_test")], capture_output=True, text=True)
+    assert "runtime error" not in proc.stderr and "AddressSanitizer" not in proc.stderr, proc.stderr
+    assert proc.returncode == 0 and "m_test: PASSED" in proc.stdout, proc.stdout

@@ -4,13 +4,11 @@ modes, padded keys, float16; the same bits on 2 threads; and a sanitizer run of 
 
 from __future__ import annotations
 
-import subprocess
-
 import numpy as np
 import onnx
-import pytest
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
+from onnx_helpers import run_generated_test_under_sanitizers
 
 import aotc
 from aotc.compiler import compile_model
@@ -122,17 +120,7 @@ def test_threads_give_identical_bits(tmp_path) -> None:
 
 def test_sanitizers_run_clean(tmp_path) -> None:
     """The generated test program (reference outputs, then a 2-thread rerun) under ASan and UBSan."""
-    from test_c_library import CC
-
-    probe = subprocess.run([CC, "-fsanitize=address,undefined", "-x", "c", "-", "-o", str(tmp_path / "p")],
-                           input="int main(void){return 0;}", capture_output=True, text=True)
-    if probe.returncode != 0:
-        pytest.skip("sanitizer runtime not available")
-    flags = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-O1"]
-    compile_model(_model(NODES, INPUTS, OUTPUTS), tmp_path, "m", extra_cflags=flags, gen_test=True)
-    proc = subprocess.run([str(tmp_path / "m_test")], capture_output=True, text=True)
-    assert "runtime error" not in proc.stderr and "AddressSanitizer" not in proc.stderr, proc.stderr
-    assert proc.returncode == 0 and "m_test: PASSED" in proc.stdout, proc.stdout
+    run_generated_test_under_sanitizers(_model(NODES, INPUTS, OUTPUTS), tmp_path)
 
 
 BF16 = TensorProto.BFLOAT16

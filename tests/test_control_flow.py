@@ -4,7 +4,6 @@ where the reference lacks a Scan feature), and the loops aotc must refuse."""
 
 from __future__ import annotations
 
-import subprocess
 import time
 
 import numpy as np
@@ -12,10 +11,9 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
-from onnx_helpers import IR_VERSION
+from onnx_helpers import IR_VERSION, run_generated_test_under_sanitizers
 
 import aotc
-from aotc.compiler import compile_model
 from aotc.errors import AotcError
 from aotc.frontends.control_flow import inline_control_flow
 
@@ -247,19 +245,9 @@ def test_flex_attention_with_modifier_graphs(tmp_path):
 def test_sanitizers_run_clean(tmp_path):
     """An unrolled Scan (slices at constant indices, stacked outputs) next to a FlexAttention with a
     causal score_mod (-inf scores), run by the generated test program under ASan and UBSan."""
-    from test_c_library import CC
-
-    probe = subprocess.run([CC, "-fsanitize=address,undefined", "-x", "c", "-", "-o", str(tmp_path / "p")],
-                           input="int main(void){return 0;}", capture_output=True, text=True)
-    if probe.returncode != 0:
-        pytest.skip("sanitizer runtime not available")
     scan, flex = _scan_model(), _flex_model(_causal_mod())
     g = helper.make_graph([*scan.graph.node, *flex.graph.node], "both", [*scan.graph.input, *flex.graph.input],
                           [*scan.graph.output, *flex.graph.output])
     model = helper.make_model(g, opset_imports=list(flex.opset_import))
     model.ir_version = IR_VERSION
-    flags = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-O1"]
-    compile_model(model, tmp_path, "m", extra_cflags=flags, gen_test=True)
-    proc = subprocess.run([str(tmp_path / "m_test")], capture_output=True, text=True)
-    assert "runtime error" not in proc.stderr and "AddressSanitizer" not in proc.stderr, proc.stderr
-    assert proc.returncode == 0 and "m_test: PASSED" in proc.stdout, proc.stdout
+    run_generated_test_under_sanitizers(model, tmp_path)

@@ -20,6 +20,7 @@ from onnx_helpers import (
     build_model,
     chunk_groups,
     make_feeds,
+    run_generated_test_under_sanitizers,
     run_ort,
     single,
 )
@@ -388,14 +389,6 @@ def test_conv_paths_sanitizers_run_clean(tmp_path) -> None:
     of the vector), the phase loop's positions past the plane, the 1x1 panels, the 1x1 channel-lane
     kernel's accumulator buffers, the tiled path's write-out buffers, the overlapping column blocks
     of the depthwise rows."""
-    import subprocess
-
-    from test_c_library import CC
-
-    probe = subprocess.run([CC, "-fsanitize=address,undefined", "-x", "c", "-", "-o", str(tmp_path / "p")],
-                           input="int main(void){return 0;}", capture_output=True, text=True)
-    if probe.returncode != 0:
-        pytest.skip("sanitizer runtime not available")
     cases = [single("tiled", "Conv", [Inp((1, 8, 12, 11)), w(24, 8, 3, 3)], {"pads": [1, 1, 1, 1]}),
              single("tiled_ci_blocks", "Conv", [Inp((1, 136, 9, 9)), w(32, 136, 3, 3)], {"pads": [1, 1, 1, 1]}),
              # Two chunks of output rows: each task pads only the input rows its chunk reads.
@@ -415,8 +408,4 @@ def test_conv_paths_sanitizers_run_clean(tmp_path) -> None:
              single("stem", "Conv", [Inp((1, 3, 61, 57)), w(21, 3, 3, 3), w(21)], {"pads": [1, 1, 1, 1],
                                                                                    "strides": [2, 2]})]
     model, _ = build_model(cases)
-    flags = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-O1"]
-    compile_model(model, tmp_path, "m", extra_cflags=flags, gen_test=True)
-    proc = subprocess.run([str(tmp_path / "m_test")], capture_output=True, text=True)
-    assert "runtime error" not in proc.stderr and "AddressSanitizer" not in proc.stderr, proc.stderr
-    assert proc.returncode == 0 and "m_test: PASSED" in proc.stdout, proc.stdout
+    run_generated_test_under_sanitizers(model, tmp_path)

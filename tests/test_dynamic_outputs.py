@@ -5,13 +5,13 @@ ONNX's shapes. Compared with onnx.reference, including the empty and degenerate 
 from __future__ import annotations
 
 import json
-import subprocess
 
 import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
+from onnx_helpers import run_generated_test_under_sanitizers
 
 from aotc.cli import main as cli_main
 from aotc.compiler import compile_model
@@ -182,13 +182,4 @@ def test_nms_output_limit_must_be_constant(tmp_path) -> None:
 
 def test_sanitizers_run_clean(tmp_path) -> None:
     """The generated test program (reference outputs padded to the bounds) under ASan and UBSan."""
-    from test_c_library import CC
-
-    probe = subprocess.run([CC, "-fsanitize=address,undefined", "-x", "c", "-", "-o", str(tmp_path / "p")],
-                           input="int main(void){return 0;}", capture_output=True, text=True)
-    if probe.returncode != 0:
-        pytest.skip("sanitizer runtime not available")
-    compile_model(_model(), tmp_path, "m", extra_cflags=SANITIZE, gen_test=True)
-    proc = subprocess.run([str(tmp_path / "m_test")], capture_output=True, text=True)
-    assert "runtime error" not in proc.stderr and "AddressSanitizer" not in proc.stderr, proc.stderr
-    assert proc.returncode == 0 and "m_test: PASSED" in proc.stdout, proc.stdout
+    run_generated_test_under_sanitizers(_model(), tmp_path)

@@ -6,7 +6,18 @@ import numpy as np
 import onnx
 import pytest
 from onnx import helper, numpy_helper
-from onnx_helpers import IR_VERSION, Case, Inp, assert_close, build_model, make_feeds, run_aotc, run_ort, single
+from onnx_helpers import (
+    IR_VERSION,
+    Case,
+    Inp,
+    assert_close,
+    build_model,
+    make_feeds,
+    run_aotc,
+    run_generated_test_under_sanitizers,
+    run_ort,
+    single,
+)
 
 R = np.random.default_rng(0)
 
@@ -200,18 +211,4 @@ def test_layernorm_fuses_producer_chain(tmp_path) -> None:
 
 def test_fused_layernorm_sanitizers(tmp_path) -> None:
     """The fused row kernels (index remaps, broadcasts, in-place row passes) under ASan and UBSan."""
-    import subprocess
-
-    from test_c_library import CC
-
-    from aotc.compiler import compile_model
-
-    probe = subprocess.run([CC, "-fsanitize=address,undefined", "-x", "c", "-", "-o", str(tmp_path / "p")],
-                           input="int main(void){return 0;}", capture_output=True, text=True)
-    if probe.returncode != 0:
-        pytest.skip("sanitizer runtime not available")
-    flags = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-O1"]
-    compile_model(_fused_ln_model(), tmp_path, "m", extra_cflags=flags, gen_test=True)
-    proc = subprocess.run([str(tmp_path / "m_test")], capture_output=True, text=True)
-    assert "runtime error" not in proc.stderr and "AddressSanitizer" not in proc.stderr, proc.stderr
-    assert proc.returncode == 0 and "m_test: PASSED" in proc.stdout, proc.stdout
+    run_generated_test_under_sanitizers(_fused_ln_model(), tmp_path)

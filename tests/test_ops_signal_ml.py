@@ -7,7 +7,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import helper, numpy_helper
-from onnx_helpers import IR_VERSION
+from onnx_helpers import IR_VERSION, run_generated_test_under_sanitizers
 
 import aotc
 from aotc.errors import AotcError
@@ -229,16 +229,6 @@ def test_new_kernels_run_clean_under_sanitizers(tmp_path):
     """TfIdfVectorizer, LabelEncoder, training-mode BatchNormalization and the float16/bfloat16
     Softmax rows: the generated test program (random inputs against onnx.reference) under ASan and
     UBSan."""
-    import subprocess
-
-    from test_c_library import CC
-
-    from aotc.compiler import compile_model
-
-    probe = subprocess.run([CC, "-fsanitize=address,undefined", "-x", "c", "-", "-o", str(tmp_path / "p")],
-                           input="int main(void){return 0;}", capture_output=True, text=True)
-    if probe.returncode != 0:
-        pytest.skip("sanitizer runtime not available")
     f16, bf16 = onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16
     c = 3
     inits = [numpy_helper.from_array(np.full(c, v, np.float32), n)
@@ -254,8 +244,4 @@ def test_new_kernels_run_clean_under_sanitizers(tmp_path):
                    [_vi("y", [3, 12]), _vi("lo", [7]), _vi("by", [2, c, 5]), _vi("rm", [c]), _vi("rv", [c]),
                     _vi("hy", [2, 9, 3], f16), _vi("bhy", [4, 11], bf16)],
                    inits, opsets=(("", 20), ("ai.onnx.ml", 4)))
-    flags = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-O1"]
-    compile_model(model, tmp_path, "m", extra_cflags=flags, gen_test=True)
-    proc = subprocess.run([str(tmp_path / "m_test")], capture_output=True, text=True)
-    assert "runtime error" not in proc.stderr and "AddressSanitizer" not in proc.stderr, proc.stderr
-    assert proc.returncode == 0 and "m_test: PASSED" in proc.stdout, proc.stdout
+    run_generated_test_under_sanitizers(model, tmp_path)
