@@ -11,7 +11,19 @@ import onnx
 import pytest
 from onnx import helper
 from onnx.reference import ReferenceEvaluator
-from onnx_helpers import SPECIAL_F32, Case, GroupRunner, Inp, add_cases, chunk_groups, f32, i64, rng_for, single
+from onnx_helpers import (
+    SPECIAL_F32,
+    Case,
+    GroupRunner,
+    Inp,
+    add_cases,
+    chunk_groups,
+    f32,
+    i64,
+    require_sanitizers,
+    rng_for,
+    single,
+)
 
 pytest.importorskip("onnxruntime")
 
@@ -191,14 +203,9 @@ def test_hostile_inputs_run_clean_under_sanitizers(tmp_path) -> None:
     sequence lengths, zero scales: no out-of-bounds access and no undefined behaviour."""
     import subprocess
 
-    from test_c_library import CC
-
     from aotc.compiler import compile_model
 
-    probe = subprocess.run([CC, "-fsanitize=address,undefined", "-x", "c", "-", "-o", str(tmp_path / "p")],
-                           input="int main(void){return 0;}", capture_output=True, text=True)
-    if probe.returncode != 0:
-        pytest.skip("sanitizer runtime not available")
+    cc = require_sanitizers(tmp_path)
     nodes, feeds = _hostile()
     inputs = [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
               for k, v in feeds.items()]
@@ -229,7 +236,7 @@ def test_hostile_inputs_run_clean_under_sanitizers(tmp_path) -> None:
         "  free(ws);", "  return rc;", "}"])
     (tmp_path / "app.c").write_text(app)
     exe = tmp_path / "app"
-    subprocess.run([CC, "-std=c11", *flags, f"-I{tmp_path}", str(tmp_path / "app.c"), str(tmp_path / "libm.a"),
+    subprocess.run([cc, "-std=c11", *flags, f"-I{tmp_path}", str(tmp_path / "app.c"), str(tmp_path / "libm.a"),
                     "-lm", "-pthread", "-o", str(exe)], check=True)
     proc = subprocess.run([str(exe)], capture_output=True, text=True)
     assert "runtime error" not in proc.stderr and "AddressSanitizer" not in proc.stderr, proc.stderr

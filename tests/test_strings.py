@@ -13,6 +13,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
+from onnx_helpers import require_sanitizers
 
 import aotc
 from aotc.cli import main as cli_main
@@ -295,14 +296,7 @@ int main(void) {
 
 
 def test_sanitizers_run_clean(tmp_path) -> None:
-    from test_c_library import CC
-
-    if CC is None:
-        pytest.skip("no C compiler")
-    probe = subprocess.run([CC, "-fsanitize=address,undefined", "-x", "c", "-", "-o", str(tmp_path / "p")],
-                           input="int main(void){return 0;}", capture_output=True, text=True)
-    if probe.returncode != 0:
-        pytest.skip("sanitizer runtime not available")
+    cc = require_sanitizers(tmp_path)
     flags = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-O1",
              *CFLAGS]
     nodes = [helper.make_node("Equal", ["x", "y"], ["eq"]),
@@ -312,7 +306,7 @@ def test_sanitizers_run_clean(tmp_path) -> None:
                   extra_cflags=flags)
     (tmp_path / "app.c").write_text(APP)
     exe = tmp_path / "app"
-    subprocess.run([CC, "-std=c11", *flags, f"-I{tmp_path}", str(tmp_path / "app.c"), str(tmp_path / "libsan.a"),
+    subprocess.run([cc, "-std=c11", *flags, f"-I{tmp_path}", str(tmp_path / "app.c"), str(tmp_path / "libsan.a"),
                     "-lm", "-pthread", "-o", str(exe)], check=True)
     proc = subprocess.run([str(exe)], capture_output=True, text=True)
     assert "runtime error" not in proc.stderr and "AddressSanitizer" not in proc.stderr, proc.stderr
