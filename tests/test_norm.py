@@ -212,3 +212,36 @@ def test_layernorm_fuses_producer_chain(tmp_path) -> None:
 def test_fused_layernorm_sanitizers(tmp_path) -> None:
     """The fused row kernels (index remaps, broadcasts, in-place row passes) under ASan and UBSan."""
     run_generated_test_under_sanitizers(_fused_ln_model(), tmp_path)
+
+
+@pytest.mark.parametrize("op", ["LayerNormalization", "InstanceNormalization", "GroupNormalization"])
+def test_float16_normalization_runs_in_float32(op: str, tmp_path) -> None:
+    """The row kernels have no float16 path: float16 operands are widened to float32 around them and
+    the result rounded once, as onnxruntime does."""
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((2, 4, 3, 5)) * 3 + 1).astype(np.float16)
+    scale, bias = rng.standard_normal(4).astype(np.float16), rng.standard_normal(4).astype(np.float16)
+    attrs = {"num_groups": 2} if op == "GroupNormalization" else {}
+    if op == "LayerNormalization":
+        scale, bias, attrs = rng.standard_normal(5).astype(np.float16), rng.standard_normal(5).astype(np.float16), {}
+    node = helper.make_node(op, ["x", "s", "b"], ["y"], epsilon=1e-5, **attrs)
+    f16 = onnx.TensorProto.FLOAT16
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", f16, x.shape)],
+                          [helper.make_tensor_value_info("y", f16, x.shape)],
+                          [numpy_helper.from_array(scale, "s"), numpy_helper.from_array(bias, "b")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = IR_VERSION
+    xf = x.astype(np.float32)
+    if op == "LayerNormalization":
+        axes, shape = (3,), (5,)
+    elif op == "InstanceNormalization":
+        axes, shape = (2, 3), (1, 4, 1, 1)
+    else:
+        xf = xf.reshape(2, 2, 2, 3, 5)
+        axes, shape = (2, 3, 4), (1, 4, 1, 1)
+    mean, var = xf.mean(axis=axes, keepdims=True), xf.var(axis=axes, keepdims=True)
+    norm = ((xf - mean) / np.sqrt(var + 1e-5)).reshape(x.shape)
+    want = (norm * scale.astype(np.float32).reshape(shape) + bias.astype(np.float32).reshape(shape)).astype(np.float16)
+    got = run_aotc(model, {"x": x}, tmp_path)[0]
+    assert got.dtype == np.float16
+    np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=2e-3, atol=2e-3)

@@ -8,6 +8,9 @@ rounded once, as the reference rounds each op. Data-movement kernels (Gather, Co
 through the round trip, since every value of an emulated type is a float32 (int32) value. Softmax and
 Attention are not widened: their kernels read the emulated type and round each step of their own, as
 the reference does (one rounding at the end differs from it by an ulp).
+
+float16 has a C type, but the normalization row kernels are written for float and double: they get
+float32 operands the same way (onnxruntime also normalizes float16 in float32 and rounds once).
 """
 
 from __future__ import annotations
@@ -22,11 +25,17 @@ from aotc.ops import OPS
 _LOOP_KINDS = ("elementwise", "view", "alias", "reduce", "static")
 # Kernels that compute on emulated types themselves, rounding each step as the reference does.
 _ROUNDING_KERNELS = ("Softmax", "Attention")
+# Kernels without a float16 path.
+_FLOAT_KERNELS = ("LayerNormalization", "InstanceNormalization", "GroupNormalization")
 
 
-def _wide(dt: np.dtype) -> np.dtype:
+def _wide(dt: np.dtype, op: str) -> np.dtype | None:
+    """The type ``op`` computes a ``dt`` operand in, or None when it takes ``dt`` as it is."""
+    if dt == np.float16 and op in _FLOAT_KERNELS:
+        return np.dtype(np.float32)
     em = dtypes.emulated(dt)
-    assert em is not None
+    if em is None:
+        return None
     return np.dtype(np.float32 if em.compute == "float" else np.int32)
 
 
@@ -42,15 +51,15 @@ def widen_emulated(graph: Graph) -> bool:
     changed = False
     for node in graph.nodes:
         if OPS[node.op].kind in _LOOP_KINDS or node.op in _ROUNDING_KERNELS or not any(
-                v is not None and dtypes.emulated(v.dtype) for v in [*node.inputs, *node.outputs]):
+                v is not None and _wide(v.dtype, node.op) for v in [*node.inputs, *node.outputs]):
             nodes.append(node)
             continue
         changed = True
         after = []
         for i, v in enumerate(node.inputs):
-            if v is None or not dtypes.emulated(v.dtype):
+            wide = None if v is None else _wide(v.dtype, node.op)
+            if v is None or wide is None:
                 continue
-            wide = _wide(v.dtype)
             if v.is_const:
                 node.inputs[i] = Graph.constant(v.const.astype(wide), f"{v.name}_wide")
             else:
@@ -58,9 +67,10 @@ def widen_emulated(graph: Graph) -> bool:
                 nodes.append(_cast(v, w, f"{node.name}_widen{i}"))
                 node.inputs[i] = w
         for j, out in enumerate(node.outputs):
-            if not dtypes.emulated(out.dtype):
+            wide = _wide(out.dtype, node.op)
+            if wide is None:
                 continue
-            w = Value(f"{out.name}_wide", out.shape, _wide(out.dtype), node)
+            w = Value(f"{out.name}_wide", out.shape, wide, node)
             node.outputs[j] = w
             after.append(_cast(w, out, f"{node.name}_narrow{j}"))
         nodes += [node, *after]
