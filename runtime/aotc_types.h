@@ -108,23 +108,27 @@ AOTC_TYPES_INLINE uint8_t aotc_f32_to_e4m3fn(float x, int saturate) {
   return s | (uint8_t)(c <= 0x7eu ? c : saturate ? 0x7eu : 0x7fu);
 }
 
-/* -- float8 E4M3FNUZ: bias 8, no infinities, no -0, NaN = 0x80, max 240 ------------------------- */
-AOTC_TYPES_INLINE float aotc_e4m3fnuz_to_f32(uint8_t c) {
+/* -- the FNUZ float8 formats: no infinities, no -0, NaN = 0x80 (the only NaN) ------------------ */
+AOTC_TYPES_INLINE float aotc__fnuz_to_f32(uint8_t c, int mbits, int bias) {
   if (c == 0x80u)
     return aotc__nan(0);
-  return aotc__signed(aotc__small_value(c & 0x7fu, 3, 8), c & 0x80u);
+  return aotc__signed(aotc__small_value(c & 0x7fu, mbits, bias), c & 0x80u);
 }
 
-AOTC_TYPES_INLINE uint8_t aotc_f32_to_e4m3fnuz(float x, int saturate) {
+AOTC_TYPES_INLINE uint8_t aotc__f32_to_fnuz(float x, int saturate, int mbits, int bias) {
   const uint32_t u = aotc__f32_bits(x), a = u & 0x7fffffffu;
   const uint8_t s = (uint8_t)((u >> 24) & 0x80u);
   if (a > 0x7f800000u)
     return 0x80u;
-  const uint32_t c = a == 0x7f800000u ? 0x100u : aotc__small_round(a, 3, 8);
+  const uint32_t c = a == 0x7f800000u ? 0x100u : aotc__small_round(a, mbits, bias);
   if (c > 0x7fu)
     return saturate ? s | 0x7fu : 0x80u;
   return c ? s | (uint8_t)c : 0; /* -0 has no encoding (0x80 is NaN) */
 }
+
+/* -- float8 E4M3FNUZ: bias 8, max 240 ------------------------------------------------------------ */
+AOTC_TYPES_INLINE float aotc_e4m3fnuz_to_f32(uint8_t c) { return aotc__fnuz_to_f32(c, 3, 8); }
+AOTC_TYPES_INLINE uint8_t aotc_f32_to_e4m3fnuz(float x, int saturate) { return aotc__f32_to_fnuz(x, saturate, 3, 8); }
 
 /* -- float8 E5M2: IEEE-like, bias 15, infinities, max 57344 ------------------------------------- */
 AOTC_TYPES_INLINE float aotc_e5m2_to_f32(uint8_t c) {
@@ -143,23 +147,9 @@ AOTC_TYPES_INLINE uint8_t aotc_f32_to_e5m2(float x, int saturate) {
   return s | (uint8_t)(c <= 0x7bu ? c : saturate ? 0x7bu : 0x7cu);
 }
 
-/* -- float8 E5M2FNUZ: bias 16, no infinities, no -0, NaN = 0x80, max 57344 ----------------------- */
-AOTC_TYPES_INLINE float aotc_e5m2fnuz_to_f32(uint8_t c) {
-  if (c == 0x80u)
-    return aotc__nan(0);
-  return aotc__signed(aotc__small_value(c & 0x7fu, 2, 16), c & 0x80u);
-}
-
-AOTC_TYPES_INLINE uint8_t aotc_f32_to_e5m2fnuz(float x, int saturate) {
-  const uint32_t u = aotc__f32_bits(x), a = u & 0x7fffffffu;
-  const uint8_t s = (uint8_t)((u >> 24) & 0x80u);
-  if (a > 0x7f800000u)
-    return 0x80u;
-  const uint32_t c = a == 0x7f800000u ? 0x100u : aotc__small_round(a, 2, 16);
-  if (c > 0x7fu)
-    return saturate ? s | 0x7fu : 0x80u;
-  return c ? s | (uint8_t)c : 0;
-}
+/* -- float8 E5M2FNUZ: bias 16, max 57344 --------------------------------------------------------- */
+AOTC_TYPES_INLINE float aotc_e5m2fnuz_to_f32(uint8_t c) { return aotc__fnuz_to_f32(c, 2, 16); }
+AOTC_TYPES_INLINE uint8_t aotc_f32_to_e5m2fnuz(float x, int saturate) { return aotc__f32_to_fnuz(x, saturate, 2, 16); }
 
 /* -- float4 E2M1: bias 1, values 0, 0.5, 1, 1.5, 2, 3, 4, 6; no infinities or NaN ---------------- */
 AOTC_TYPES_INLINE float aotc_e2m1_to_f32(uint8_t c) {

@@ -225,11 +225,12 @@ def compare(case: Case, out_dir: str | Path, name: str = "t") -> None:
         assert_close(g, w, case.rtol, case.atol, f"{case.id}:{o}")
 
 
-def chunk_groups(cases: Sequence[Case], size: int) -> dict[str, list[Case]]:
-    """Split each ``case.group`` into chunks of at most ``size`` cases; renames the groups to the chunks."""
+def chunk_groups(cases: Sequence[Case], size: int, by_opset: bool = False) -> dict[str, list[Case]]:
+    """Split each ``case.group`` into chunks of at most ``size`` cases; renames the groups to the chunks.
+    ``by_opset``: cases of different opsets never share a model (a merged model takes the highest)."""
     by: dict[str, list[Case]] = {}
     for c in cases:
-        by.setdefault(c.group or c.id, []).append(c)
+        by.setdefault(f"{c.group or c.id}@{c.opset}" if by_opset else c.group or c.id, []).append(c)
     chunks: dict[str, list[Case]] = {}
     for key, members in by.items():
         for j in range(0, len(members), size):
@@ -341,3 +342,20 @@ def run_generated_test_under_sanitizers(model: onnx.ModelProto, tmp_path: Path, 
     proc = subprocess.run([str(tmp_path / "m_test")], capture_output=True, text=True)
     assert "runtime error" not in proc.stderr and "AddressSanitizer" not in proc.stderr, proc.stderr
     assert proc.returncode == 0 and "m_test: PASSED" in proc.stdout, proc.stdout
+
+
+def run_c_program_under_sanitizers(tmp_path: Path, source: str, library: str, flags: Sequence[str]):
+    """Builds the C program ``source`` against the static library ``library`` (a file in ``tmp_path``,
+    where the model's header is too) with ``flags``, runs it and asserts it exits 0 with no sanitizer
+    report. Returns the finished process (its stdout is the program's output)."""
+    import subprocess
+
+    cc = require_sanitizers(tmp_path)
+    (tmp_path / "app.c").write_text(source)
+    exe = tmp_path / "app"
+    subprocess.run([cc, "-std=c11", *flags, f"-I{tmp_path}", str(tmp_path / "app.c"), str(tmp_path / library),
+                    "-lm", "-pthread", "-o", str(exe)], check=True)
+    proc = subprocess.run([str(exe)], capture_output=True, text=True)
+    assert "runtime error" not in proc.stderr and "AddressSanitizer" not in proc.stderr, proc.stderr
+    assert proc.returncode == 0, proc.stderr
+    return proc

@@ -163,9 +163,7 @@ add("f16",
 )
 
 
-for _c in CASES:
-    _c.group = f"{_c.group}@{_c.opset}"
-GROUPS = chunk_groups(CASES, 64)
+GROUPS = chunk_groups(CASES, 64, by_opset=True)
 
 
 @pytest.fixture(scope="module")

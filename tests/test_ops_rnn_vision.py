@@ -22,6 +22,7 @@ from onnx_helpers import (
     i64,
     require_sanitizers,
     rng_for,
+    run_c_program_under_sanitizers,
     single,
 )
 
@@ -138,9 +139,7 @@ add("integer",
     single("DynamicQuantizeLinear", "DynamicQuantizeLinear", [Inp((3, 7), F, "wide")], n_out=3, opset=11),
 )
 
-for _c in CASES:
-    _c.group = f"{_c.group}@{_c.opset}"
-GROUPS = chunk_groups(CASES, 64)
+GROUPS = chunk_groups(CASES, 64, by_opset=True)
 
 
 @pytest.fixture(scope="module")
@@ -201,11 +200,9 @@ def _hostile() -> tuple[list, dict[str, np.ndarray]]:
 def test_hostile_inputs_run_clean_under_sanitizers(tmp_path) -> None:
     """NaN/inf/huge grid, roi and offset coordinates, out-of-range batch indices, unpool indices and
     sequence lengths, zero scales: no out-of-bounds access and no undefined behaviour."""
-    import subprocess
-
     from aotc.compiler import compile_model
 
-    cc = require_sanitizers(tmp_path)
+    require_sanitizers(tmp_path)
     nodes, feeds = _hostile()
     inputs = [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
               for k, v in feeds.items()]
@@ -234,10 +231,4 @@ def test_hostile_inputs_run_clean_under_sanitizers(tmp_path) -> None:
         f"  for (size_t i = 0; i < {len(feeds)}; i++) free((void *)in[i]);",
         f"  for (size_t i = 0; i < {len(allocs)}; i++) free(out[i]);",
         "  free(ws);", "  return rc;", "}"])
-    (tmp_path / "app.c").write_text(app)
-    exe = tmp_path / "app"
-    subprocess.run([cc, "-std=c11", *flags, f"-I{tmp_path}", str(tmp_path / "app.c"), str(tmp_path / "libm.a"),
-                    "-lm", "-pthread", "-o", str(exe)], check=True)
-    proc = subprocess.run([str(exe)], capture_output=True, text=True)
-    assert "runtime error" not in proc.stderr and "AddressSanitizer" not in proc.stderr, proc.stderr
-    assert proc.returncode == 0, proc.stderr
+    run_c_program_under_sanitizers(tmp_path, app, "libm.a", flags)

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 
 import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
-from onnx_helpers import require_sanitizers
+from onnx_helpers import require_sanitizers, run_c_program_under_sanitizers
 
 import aotc
 from aotc.cli import main as cli_main
@@ -296,7 +295,7 @@ int main(void) {
 
 
 def test_sanitizers_run_clean(tmp_path) -> None:
-    cc = require_sanitizers(tmp_path)
+    require_sanitizers(tmp_path)
     flags = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-O1",
              *CFLAGS]
     nodes = [helper.make_node("Equal", ["x", "y"], ["eq"]),
@@ -304,13 +303,7 @@ def test_sanitizers_run_clean(tmp_path) -> None:
                               values_int64s=list(range(1, len(HOSTILE) + 2)), default_int64=-1)]
     compile_model(_model(nodes, {"x": (S, (6,)), "y": (S, (1,))}, {"eq": BOOL, "code": I64}), tmp_path, "san",
                   extra_cflags=flags)
-    (tmp_path / "app.c").write_text(APP)
-    exe = tmp_path / "app"
-    subprocess.run([cc, "-std=c11", *flags, f"-I{tmp_path}", str(tmp_path / "app.c"), str(tmp_path / "libsan.a"),
-                    "-lm", "-pthread", "-o", str(exe)], check=True)
-    proc = subprocess.run([str(exe)], capture_output=True, text=True)
-    assert "runtime error" not in proc.stderr and "AddressSanitizer" not in proc.stderr, proc.stderr
-    assert proc.returncode == 0, proc.stderr
+    proc = run_c_program_under_sanitizers(tmp_path, APP, "libsan.a", flags)
     index = {k: i + 1 for i, k in enumerate(HOSTILE + ["é"]) if "\0" not in k}
     want = [(int(s == "*/"), index.get(s, -1)) for s in ['"', "line\nbreak", "*/", "", "x", "é"]]
     assert [tuple(map(int, line.split())) for line in proc.stdout.splitlines()] == want

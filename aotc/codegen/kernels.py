@@ -123,7 +123,7 @@ def emit_kernel(k: Kernel, fn: str, isa: str) -> KernelSource:
         return _emit_gemm(k, fn, isa)
     if k.kind == "conv":
         return _emit_conv(k, fn, isa)
-    if len(k.nodes) > 1:
+    if k.root.op == "LayerNormalization" and len(k.nodes) > 1:  # its input chain fused (passes/fuse.py)
         return _emit_fused_layernorm(k, fn)
     node = k.root
     op = OPS[node.op]
@@ -212,7 +212,7 @@ def _emit_fused_layernorm(k: Kernel, fn: str) -> KernelSource:
     """A LayerNormalization whose input row is computed by its fused elementwise chain."""
     node = k.root
     x = node.inputs[0]
-    assert node.op == "LayerNormalization" and x is not None
+    assert x is not None
     args, names, ptrs = _external(k)
     rank, axis = len(x.shape), norm_ops.ln_axis(node)
     em = Emitter(k, ptrs, rank)

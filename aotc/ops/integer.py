@@ -70,16 +70,20 @@ def _mm_operands(node: Node) -> tuple[Value, Value]:
     return a, b
 
 
-def _mm_infer(node: Node):
-    a, b = _mm_operands(node)
-    if node.op == "QLinearMatMul":
+def _out_dtype(node: Node, x: Value) -> np.dtype:
+    """Checks the 8-bit operands; the output type: the QLinear ops' output zero point's (else the
+    input's), int32 for MatMulInteger and ConvInteger."""
+    if node.op.startswith("QLinear"):
         _int8(node, 0, 2, 3, 5, 7)
         yzp = optional_input(node, 7)
-        dt = yzp.dtype if yzp is not None else a.dtype
-    else:
-        _int8(node, 0, 1, 2, 3)
-        dt = np.dtype(np.int32)
-    return [(_mm_shapes(a.shape, b.shape, node)[4], dt)]
+        return yzp.dtype if yzp is not None else x.dtype
+    _int8(node, 0, 1, 2, 3)
+    return np.dtype(np.int32)
+
+
+def _mm_infer(node: Node):
+    a, b = _mm_operands(node)
+    return [(_mm_shapes(a.shape, b.shape, node)[4], _out_dtype(node, a))]
 
 
 def _batch_offset(var: str, batch: tuple[int, ...], shape: tuple[int, ...], per: int) -> str:
@@ -145,13 +149,7 @@ def _conv_geometry(node: Node) -> conv_ops.Geometry:
 def _conv_infer(node: Node):
     x = node.inputs[0]
     assert x is not None
-    if node.op == "QLinearConv":
-        _int8(node, 0, 2, 3, 5, 7)
-        yzp = optional_input(node, 7)
-        dt = yzp.dtype if yzp is not None else x.dtype
-    else:
-        _int8(node, 0, 1, 2, 3)
-        dt = np.dtype(np.int32)
+    dt = _out_dtype(node, x)
     g = _conv_geometry(node)
     nd = len(x.shape) - 2
     return [((g.n, g.m, *g.out[3 - nd:]), dt)]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from aotc.codegen.names import c_bytes
 from aotc.errors import AotcError
 from aotc.ir import dtypes
 from aotc.ir.graph import Node
@@ -385,12 +386,6 @@ def _le_infer(node: Node):
     return [(x.shape, _le_table(node)[1].dtype)]
 
 
-def _c_bytes(data: bytes) -> str:
-    """A C string literal of ``data`` with every byte octal-escaped: text from a model file reaches the
-    source only this way, so no quote, backslash, newline, ``*/`` or ``??`` trigraph can break out."""
-    return '"' + "".join(f"\\{b:03o}" for b in data) + '"'
-
-
 def _string_keys(node: Node, keys: np.ndarray, vals: np.ndarray) -> tuple[list[bytes], np.ndarray]:
     """The keys as UTF-8 bytes, sorted the way strcmp orders them, with their values. A duplicate key
     keeps its last value; a key holding a NUL byte is dropped, as no input (a C string) can equal it."""
@@ -417,7 +412,7 @@ def _le_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
         skeys, vals = _string_keys(node, keys, vals)
         n_keys = len(skeys)
         key_table = (f"static const char *const le_key[{max(n_keys, 1)}] = "
-                     f"{{{', '.join(_c_bytes(k) for k in skeys) or '0'}}};")
+                     f"{{{', '.join(c_bytes(k) for k in skeys) or '0'}}};")
         read = f"const char *const k = {ins[0]}[i];"
         less, equal = "strcmp(le_key[m], k) < 0", "strcmp(le_key[a], k) == 0"
     else:
