@@ -19,7 +19,7 @@ from aotc.codegen.loops import Access, Emitter, emit_loop_kernel, identity_map
 from aotc.errors import AotcError
 from aotc.ir import dtypes
 from aotc.ir.graph import Graph, Value
-from aotc.ops import OPS
+from aotc.ops import OPS, winograd
 from aotc.ops import conv as conv_ops
 from aotc.ops import norm as norm_ops
 from aotc.passes.fuse import Kernel
@@ -271,12 +271,16 @@ def _emit_conv(k: Kernel, fn: str, isa: str) -> KernelSource:
         epi = ["{", *em.render("epilogue", addr), f"v = {root};", "}"]
     path = conv_ops.conv_path(node, isa)
     packed = None
-    if path in ("tiled", "rows"):  # weights packed at compile time into the micro-kernel's layout
+    if path in ("tiled", "rows", "winograd"):  # weights packed at compile time into the kernel's layout
         g = conv_ops.geometry(node)
         bc = None if b is None else b.const
         rows = conv_ops.rows_plan(g, isa)
-        arr = (conv_ops.pack_rows_weights(w.const, bc, g, rows[0]) if path == "rows" and rows else
-               conv_ops.pack_conv_weights(w.const, bc, g, conv_ops.tile_plan(g, isa)))
+        if path == "winograd":
+            arr = winograd.pack_winograd_weights(w.const, bc, g, winograd.winograd_plan(g, isa))
+        elif path == "rows" and rows:
+            arr = conv_ops.pack_rows_weights(w.const, bc, g, rows[0])
+        else:
+            arr = conv_ops.pack_conv_weights(w.const, bc, g, conv_ops.tile_plan(g, isa))
         args.append((Graph.constant(arr, f"{w.name}_packed"), "in"))
         names.append("in_packed")
         packed = "in_packed"

@@ -369,6 +369,9 @@ def conv_scratch_floats(g: Geometry, path: str, isa: str) -> int:
         return _rows_chunk(g, g.c // g.group, pv) * (g.c // g.group)
     if path == "depthwise":
         return _phase_scratch(g) if _use_phase(g) else 0
+    if path == "winograd":
+        wg = _winograd()
+        return wg.winograd_scratch_floats(g, wg.winograd_plan(g, isa))
     if path == "tiled" and (pw := pointwise_plan(g, isa)) is not None:
         return 2 * pw.cb * _pointwise_chunk(g, pw)[1]
     if path != "tiled":
@@ -1060,8 +1063,14 @@ def _depthwise_conv(g: Geometry, x: str, w: str, b: str | None, y: str, isa: str
     return zrow, _task_loop(g.n * g.m, "\n".join("  " + ln for ln in lines))
 
 
+def _winograd():
+    """aotc.ops.winograd, imported late: it builds on this module's geometry and vector tables."""
+    from aotc.ops import winograd
+    return winograd
+
+
 def conv_path(node: Node, isa: str) -> str:
-    """Which code path ``conv_kernel`` takes: "rows", "tiled", "depthwise" or "generic"."""
+    """Which code path ``conv_kernel`` takes: "winograd", "rows", "tiled", "depthwise" or "generic"."""
     x, w = node.inputs[0], node.inputs[1]
     if x.dtype != np.float32:
         return "generic"
@@ -1071,6 +1080,8 @@ def conv_path(node: Node, isa: str) -> str:
     b = node.inputs[2] if len(node.inputs) > 2 else None
     if not w.is_const or (b is not None and not b.is_const):
         return "generic"
+    if _winograd().winograd_plan(g, isa) is not None:
+        return "winograd"
     if pointwise_plan(g, isa) is not None:
         return "tiled"
     return "rows" if rows_plan(g, isa) is not None else "tiled"
@@ -1082,6 +1093,10 @@ def conv_kernel(node: Node, x: str, w: str, b: str | None, y: str, isa: str, fn:
     ``pack_conv_weights``'s output (tiled path)."""
     g = geometry(node)
     path = conv_path(node, isa)
+    if path == "winograd":
+        assert packed is not None
+        wg = _winograd()
+        return wg.winograd_conv(g, x, packed, y, isa, epi, f"{fn}_wg", wg.winograd_plan(g, isa))
     if path == "rows":
         assert packed is not None
         return _rows_conv(g, x, packed, y, isa, epi, f"{fn}_rows")

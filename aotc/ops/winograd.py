@@ -1,0 +1,318 @@
+"""Winograd convolution F(m x m, 3 x 3) for 3x3 stride-1 float32 convs with many channels.
+
+A tile of m x m outputs needs an a x a input tile (a = m + 2). With the transforms of Lavin and Gray
+("Fast Algorithms for Convolutional Neural Networks", 2015),
+
+    Y = AT [ (G g GT) * (BT d B) ] A          (* is elementwise)
+
+the 9 m^2 multiplies of a tile become a^2: 36 instead of 144 for F(4x4, 3x3), 16 instead of 36 for
+F(2x2, 3x3). Over channels, the elementwise products become a^2 independent GEMMs, one per point xi
+of the a x a transformed tile: M[xi][oc][tile] = sum_ic U[xi][oc][ic] V[xi][ic][tile], where
+U = G g GT is computed here at compile time and V = BT d B at run time.
+
+Layout. A work unit is a block of RT tile rows of one image (RT * TW tiles, TP slots rounded up to
+whole vectors), computed start to end by one task in its own scratch:
+
+1. input transform: the a input rows of each tile row are copied, zero-padded, into a buffer split by
+   column phase (column % m), so each of the a x a tile inputs is a contiguous run over the tile
+   columns; the transform is a loop over those columns that GCC vectorizes, writing V[xi][ic][slot];
+2. GEMMs: for each xi, a register tile of MB output channels (U broadcast) x NV vectors of tiles
+   (V loaded), summed over the input channels -- V[xi] (ic x TP floats) stays in L1 while every
+   channel block passes over it;
+3. output transform per output channel, vectorized over tiles, into m rows per tile row; then bias
+   and the fused epilogue on contiguous output positions.
+
+Accuracy: F(2x2) transforms hold only 0, +-1 and 1/2, so its result is as accurate as the direct sum.
+F(4x4)'s coefficients reach 8 and 1/24; its error is a few times float32 rounding (tests check it
+against onnxruntime at the model tolerances). Its weights take a^2 / 9 times the direct weights'
+memory (4x for F(4x4), 1.8x for F(2x2)), so only layers where it pays are transformed: enough tiles
+that the transformed weights streamed per unit are reused, and channels few enough that U[xi] stays
+in L2 (see ``winograd_plan``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction as F
+
+import numpy as np
+
+from aotc.ops.conv import _VEC, Epilogue, Geometry, _epi_block, _task_loop
+
+# (BT, G, AT) per m: interpolation points 0, 1, -1 (m = 2) and 0, 1, -1, 2, -2 (m = 4), plus infinity.
+_MATRICES: dict[int, tuple[list[list[F]], list[list[F]], list[list[F]]]] = {
+    2: ([[F(1), F(0), F(-1), F(0)], [F(0), F(1), F(1), F(0)], [F(0), F(-1), F(1), F(0)], [F(0), F(1), F(0), F(-1)]],
+        [[F(1), F(0), F(0)], [F(1, 2), F(1, 2), F(1, 2)], [F(1, 2), F(-1, 2), F(1, 2)], [F(0), F(0), F(1)]],
+        [[F(1), F(1), F(1), F(0)], [F(0), F(1), F(-1), F(-1)]]),
+    4: ([[F(4), F(0), F(-5), F(0), F(1), F(0)],
+         [F(0), F(-4), F(-4), F(1), F(1), F(0)],
+         [F(0), F(4), F(-4), F(-1), F(1), F(0)],
+         [F(0), F(-2), F(-1), F(2), F(1), F(0)],
+         [F(0), F(2), F(-1), F(-2), F(1), F(0)],
+         [F(0), F(4), F(0), F(-5), F(0), F(1)]],
+        [[F(1, 4), F(0), F(0)],
+         [F(-1, 6), F(-1, 6), F(-1, 6)],
+         [F(-1, 6), F(1, 6), F(-1, 6)],
+         [F(1, 24), F(1, 12), F(1, 6)],
+         [F(1, 24), F(-1, 12), F(1, 6)],
+         [F(0), F(0), F(1)]],
+        [[F(1), F(1), F(1), F(1), F(1), F(0)],
+         [F(0), F(1), F(-1), F(2), F(-2), F(0)],
+         [F(0), F(1), F(1), F(4), F(4), F(0)],
+         [F(0), F(1), F(-1), F(8), F(-8), F(1)]]),
+}
+
+# Scratch budget per task for the transformed inputs and GEMM results of one unit: about L2.
+_UNIT_BYTES = 384 * 1024
+
+
+def matrices(m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(BT, G, AT) of F(m x m, 3 x 3) as float64 arrays."""
+    return tuple(np.array(mat, dtype=np.float64) for mat in _MATRICES[m])  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class WinogradPlan:
+    m: int       # outputs per tile side
+    a: int       # input tile side, m + 2
+    th: int      # tile rows of the output plane
+    tw: int      # tiles per tile row
+    rt: int      # tile rows per work unit
+    tp: int      # tile slots per unit: rt * tw rounded up to whole vectors
+    mb: int      # output channels per register tile
+    nv: int      # vectors of tiles per register tile
+    lanes: int
+    nb: int      # blocks of mb output channels
+
+    @property
+    def points(self) -> int:
+        return self.a * self.a
+
+    @property
+    def units_per_image(self) -> int:
+        return -(-self.th // self.rt)
+
+
+def winograd_plan(g: Geometry, isa: str, m: int | None = None) -> WinogradPlan | None:
+    """The plan of a conv that takes the Winograd path, or None (``m`` forces the tile size).
+
+    Taken for 2-D 3x3 convs with stride and dilation 1, one group, at least 16 input and output
+    channels and output planes of at least 8 x 8, so that tiles are mostly full. F(4x4) up to 128
+    channels on planes of 16 and more, F(2x2) up to 256 channels; wider layers (ResNet's 7x7 stage)
+    keep the direct path: there each unit would stream megabytes of transformed weights for a few
+    tiles."""
+    if isa not in _VEC or g.group != 1 or g.k != (1, 3, 3) or g.s != (1, 1, 1) or g.d != (1, 1, 1):
+        return None
+    if g.inp[0] != 1 or g.c < 16 or g.m < 16 or min(g.out[1:]) < 8:
+        return None
+    oh, ow = g.out[1], g.out[2]
+    if m is None:
+        if g.c * g.m <= 128 * 128 and min(oh, ow) >= 16:
+            m = 4
+        elif g.c * g.m <= 256 * 256:
+            m = 2
+        else:
+            return None
+    lanes = _VEC[isa]["lanes"]
+    budget = _VEC[isa]["budget"]
+    a = m + 2
+    th, tw = -(-oh // m), -(-ow // m)
+    rt = max(1, min(th, _UNIT_BYTES // (a * a * tw * (g.c + g.m) * 4)))
+    # Slots for rt * tw tiles; a tile row narrower than a vector is transformed as a whole vector,
+    # so the last row's vector must fit too.
+    tp = -(-max(rt * tw, (rt - 1) * tw + lanes) // lanes) * lanes
+    nvec = tp // lanes
+    nv = max(v for v in (1, 2, 3) if nvec % v == 0 and v * 4 <= budget)
+    # Channels per register tile: the fewest padded channels per unit of FMA throughput.
+    mbs = range(max(1, budget // nv - 2), budget // nv + 1)
+    mb = min(mbs, key=lambda mb: (-(-g.m // mb) * mb / min(1.0, mb * nv / budget), -mb))
+    return WinogradPlan(m, a, th, tw, rt, tp, mb, nv, lanes, -(-g.m // mb))
+
+
+def pack_winograd_weights(w: np.ndarray, b: np.ndarray | None, g: Geometry, plan: WinogradPlan) -> np.ndarray:
+    """U = G g GT as [point][channel block][ic][MB] (channels past M zero), then the bias [M]."""
+    _, gm, _ = matrices(plan.m)
+    u = np.einsum("ik,ockl,jl->ijoc", gm, w.reshape(g.m, g.c, 3, 3).astype(np.float64), gm)
+    u = u.reshape(plan.points, g.m, g.c)
+    up = np.zeros((plan.points, plan.nb * plan.mb, g.c), np.float64)
+    up[:, :g.m] = u
+    packed = up.reshape(plan.points, plan.nb, plan.mb, g.c).transpose(0, 1, 3, 2)
+    bias = np.zeros(g.m) if b is None else b.reshape(g.m)
+    return np.concatenate([packed.reshape(-1), bias]).astype(np.float32)
+
+
+def _kw(plan: WinogradPlan) -> int:
+    """Columns per phase of the phase-split input rows: the transform reads whole vectors of tile
+    columns, and a tile's a columns reach (a - 1) // m past its own phase column."""
+    return max(plan.tw, plan.lanes) + (plan.a - 1) // plan.m
+
+
+def _out_row(plan: WinogradPlan) -> int:
+    """Floats per output row buffer: whole vectors of tiles (a row narrower than a vector spills)."""
+    return plan.m * max(plan.tw, plan.lanes)
+
+
+def _scratch_parts(g: Geometry, plan: WinogradPlan) -> list[int]:
+    """Floats per task: padded input row, phase-split rows, V [point][ic][slot], M [point][channel]
+    [slot], output rows; each 64-byte aligned."""
+    row = plan.m * _kw(plan)
+    parts = [row, plan.a * row, plan.points * g.c * plan.tp, plan.points * plan.nb * plan.mb * plan.tp,
+             plan.rt * plan.m * _out_row(plan)]
+    return [(p + 15) // 16 * 16 for p in parts]
+
+
+def winograd_scratch_floats(g: Geometry, plan: WinogradPlan) -> int:
+    return sum(_scratch_parts(g, plan))
+
+
+def _vector_loop(tw: int, lanes: int, body: list[str]) -> list[str]:
+    """``body`` for j = j0 + k, k < lanes, over whole vectors of the tw tile columns: the last vector
+    moved back to overlap the one before (values computed twice are the same), or one vector past a
+    row narrower than a vector (whose extra lanes the next row or the slack after the last one
+    absorbs)."""
+    inner = ["  #pragma GCC ivdep", f"  for (size_t k = 0; k < {lanes}; k++) {{", "    const size_t j = j0 + k;",
+             *("    " + ln for ln in body), "  }"]
+    if tw < lanes:
+        return ["{", "  const size_t j0 = 0;", *inner, "}"]
+    return [f"for (size_t jb = 0; jb < {tw}; jb += {lanes}) {{",
+            f"  const size_t j0 = jb + {lanes} <= {tw} ? jb : {tw - lanes};", *inner, "}"]
+
+
+def _combo(coeffs: np.ndarray, terms: list[str]) -> str:
+    """C expression sum(coeffs[i] * terms[i]) with the zero terms left out and +-1 as adds."""
+    parts = []
+    for c, t in zip(coeffs, terms, strict=True):
+        if c == 0:
+            continue
+        if c == 1:
+            parts.append(f"+ {t}")
+        elif c == -1:
+            parts.append(f"- {t}")
+        else:
+            parts.append(f"{'-' if c < 0 else '+'} {abs(float(c))!r}f * {t}")
+    if not parts:
+        return "0.0f"
+    s = " ".join(parts)
+    return s[2:] if s.startswith("+ ") else "-" + s[2:]
+
+
+def winograd_conv(g: Geometry, x: str, packed: str, y: str, isa: str, epi: Epilogue | None,
+                  fn: str, plan: WinogradPlan) -> tuple[str, str]:
+    """(helpers, body) of the Winograd conv; see the module docstring."""
+    vec = _VEC[isa]
+    m, a, tw, rt, tp, mb, nv, L = plan.m, plan.a, plan.tw, plan.rt, plan.tp, plan.mb, plan.nv, plan.lanes
+    n_pts, nb = plan.points, plan.nb
+    mp = nb * mb
+    bt, _, at = matrices(m)
+    C, M = g.c, g.m
+    IH, IW = g.inp[1], g.inp[2]
+    OH, OW = g.out[1], g.out[2]
+    OS, IS = g.out_size, g.in_size
+    PH, PW = g.pb[1], g.pb[2]
+    kw, orw = _kw(plan), _out_row(plan)
+    vt = vec["vt"]
+
+    def V(fmt: str, **k: str) -> str:
+        return vec[fmt].format(**k)
+
+    # GEMM micro-kernels: MB channels x NV vectors of tile slots over nci input channels (and one
+    # with fewer vectors for the slots left over, if any).
+    helpers = [vec["include"]]
+    for nvk in sorted({nv, (tp // L) % nv} - {0}):
+        mk = [f"{vec['target']}static __attribute__((noinline)) void {fn}_mk{nvk}(const float *restrict v, "
+              "const float *restrict u, float *restrict mo, size_t nci) {"]
+        mk += [f"  {vt} a{i}_{j} = {V('bcast', p='&zero')};" for i in range(mb) for j in range(nvk)]
+        mk[1:1] = ["  static const float zero = 0.0f;"]
+        mk += ["  for (size_t ci = 0; ci < nci; ci++) {",
+               f"    const float *restrict vr = v + ci * {tp};",
+               f"    const float *restrict ur = u + ci * {mb};"]
+        mk += [f"    const {vt} x{j} = {V('load', p=f'vr + {j * L}')};" for j in range(nvk)]
+        for i in range(mb):
+            mk.append(f"    {{ const {vt} wb = {V('bcast', p=f'ur + {i}')};")
+            mk += [f"      a{i}_{j} = {V('fma', x='wb', y=f'x{j}', a=f'a{i}_{j}')};" for j in range(nvk)]
+            mk.append("    }")
+        mk.append("  }")
+        mk += [f"  {V('store', p=f'mo + {i * tp + j * L}', v=f'a{i}_{j}')};" for i in range(mb) for j in range(nvk)]
+        mk.append("}")
+        helpers.append("\n".join(mk))
+
+    # Input transform of one tile row: d[r][c] = phase-split row r, phase c % m, column j + c / m.
+    d = [[f"ph[{(r * m + c % m) * kw} + j + {c // m}]" for c in range(a)] for r in range(a)]
+    tin = []
+    for r in range(a):  # along each row: t[r][c'] = sum_c BT[c'][c] d[r][c]
+        tin += [f"const float t{r}_{c2} = {_combo(bt[c2], d[r])};" for c2 in range(a)]
+    for r2 in range(a):  # down the columns: V[r'][c'] = sum_r BT[r'][r] t[r][c']
+        for c2 in range(a):
+            tin.append(f"vr[{(r2 * a + c2) * C * tp} + j] = {_combo(bt[r2], [f't{r}_{c2}' for r in range(a)])};")
+
+    # Output transform of one channel, one tile row: o[r''][c''] = AT M A into m output rows.
+    mv = [[f"mr[{(r * a + c) * mp * tp} + j]" for c in range(a)] for r in range(a)]
+    tout = []
+    for r in range(a):
+        tout += [f"const float s{r}_{c2} = {_combo(at[c2], mv[r])};" for c2 in range(m)]
+    for r2 in range(m):
+        for c2 in range(m):
+            tout.append(f"orow[{r2 * orw} + j * {m} + {c2}] = {_combo(at[r2], [f's{r}_{c2}' for r in range(a)])};")
+
+    nu = plan.units_per_image
+    uoff = n_pts * nb * C * mb
+    rem = (tp // L) % nv
+    groups = [(pg * nv * L, nv) for pg in range((tp // L) // nv)] + ([((tp // L) // nv * nv * L, rem)] if rem else [])
+    body = [f"const size_t n = t / {nu}, tr0 = t % {nu} * {rt};",
+            f"const float *restrict xn = {x} + n * {C * IS};",
+            # Tile slots past the unit's tiles (and past the plane) read zeros: rows outside the
+            # input are zero-filled, and columns past rt * tw are zeroed once per task.
+            "if (t == t0) {",
+            f"  for (size_t i = 0; i < {m * kw}; i++) prow[i] = 0;",
+            f"  for (size_t i = 0; i < {n_pts * C}; i++)",
+            f"    for (size_t j = {rt * tw}; j < {tp}; j++) vv[i * {tp} + j] = 0;",
+            "}",
+            f"for (size_t ic = 0; ic < {C}; ic++) {{",
+            f"  for (size_t ti = 0; ti < {rt}; ti++) {{",
+            f"    for (size_t r = 0; r < {a}; r++) {{",
+            f"      const ptrdiff_t ih = (ptrdiff_t)((tr0 + ti) * {m} + r) - {PH};",
+            f"      float *restrict pr = ph + r * {m * kw};",
+            f"      if (ih >= 0 && ih < {IH}) {{",
+            f"        const float *restrict xr = xn + ic * {IS} + ih * {IW};",
+            f"        for (size_t i = 0; i < {IW}; i++) prow[{PW} + i] = xr[i];",
+            f"        for (size_t k = 0; k < {kw}; k++) {{",
+            *(f"          pr[{c * kw} + k] = prow[k * {m} + {c}];" for c in range(m)),
+            "        }",
+            "      } else {",
+            f"        for (size_t i = 0; i < {m * kw}; i++) pr[i] = 0;",
+            "      }",
+            "    }",
+            f"    float *restrict vr = vv + ic * {tp} + ti * {tw};",
+            *("    " + ln for ln in _vector_loop(tw, L, tin)),
+            "  }",
+            "}",
+            f"for (size_t xi = 0; xi < {n_pts}; xi++)",
+            f"  for (size_t blk = 0; blk < {nb}; blk++) {{",
+            f"    const float *restrict u = {packed} + (xi * {nb} + blk) * {C * mb};",
+            f"    float *restrict mo = mm + (xi * {mp} + blk * {mb}) * {tp};",
+            *(f"    {fn}_mk{k}(vv + xi * {C * tp} + {p0}, u, mo + {p0}, {C});" for p0, k in groups),
+            "  }",
+            f"for (size_t c = 0; c < {M}; c++) {{",
+            f"  const float bc = {packed}[{uoff} + c];",
+            f"  for (size_t ti = 0; ti < {rt}; ti++) {{",
+            f"    const float *restrict mr = mm + c * {tp} + ti * {tw};",
+            f"    float *restrict orow = ob + ti * {m * orw};",
+            *("    " + ln for ln in _vector_loop(tw, L, tout)),
+            "  }",
+            f"  for (size_t r = 0; r < {rt * m} && tr0 * {m} + r < {OH}; r++) {{",
+            f"    const size_t s0 = (tr0 * {m} + r) * {OW};",
+            f"    const float *restrict orow = ob + r * {orw};",
+            f"    float *restrict yr = {y} + (n * {M} + c) * {OS} + s0;",
+            f"    for (size_t q = 0; q < {OW}; q++) {{",
+            *(["      const size_t s = s0 + q; (void)s;"] if epi else []),
+            "      float v = orow[q] + bc;",
+            *_epi_block(epi, g, "s", "      "),
+            "      yr[q] = v;",
+            "    }", "  }", "}"]
+    parts = _scratch_parts(g, plan)
+    offs = [sum(parts[:i]) for i in range(len(parts))]
+    head = (f"float *restrict prow = scratch + task * (size_t){sum(parts)};\n"
+            + "".join(f"float *restrict {nm} = prow + {o};\n" for nm, o in zip(("ph", "vv", "mm", "ob"), offs[1:],
+                                                                                 strict=True))
+            + f"const size_t t0 = (size_t){g.n * nu} * task / ntasks;\n")
+    return "\n".join(helpers) + "\n", head + _task_loop(g.n * nu, "\n".join("  " + ln for ln in body))

@@ -1,0 +1,116 @@
+"""The Winograd conv path (aotc/ops/winograd.py): its transforms, and convs that take it against
+onnxruntime -- both tile sizes, partial tiles, tile rows narrower than a vector, several tile rows
+per work unit, batches, fused epilogues, thread counts, a 4-lane target and the sanitizers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import helper
+from onnx_helpers import Case, Inp, assert_close, build_model, make_feeds, run_generated_test_under_sanitizers, run_ort
+
+import aotc
+from aotc.compiler import compile_model
+from aotc.ir.graph import Node, Value
+from aotc.ops import conv as conv_ops
+from aotc.ops import winograd
+
+pytest.importorskip("onnxruntime")
+
+_rng = np.random.default_rng(11)
+
+
+def _w(*shape: int) -> np.ndarray:
+    return (_rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))).astype(np.float32)
+
+
+@pytest.mark.parametrize("m", [2, 4])
+def test_transforms_compute_a_3x3_correlation(m: int) -> None:
+    bt, g, at = winograd.matrices(m)
+    a = m + 2
+    rng = np.random.default_rng(m)
+    d, k = rng.standard_normal((a, a)), rng.standard_normal((3, 3))
+    got = at @ ((g @ k @ g.T) * (bt @ d @ bt.T)) @ at.T
+    want = np.array([[np.sum(d[i:i + 3, j:j + 3] * k) for j in range(m)] for i in range(m)])
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+def _geometry(x: tuple[int, ...], wshape: tuple[int, ...], pads: list[int]) -> conv_ops.Geometry:
+    f32 = np.dtype(np.float32)
+    node = Node("Conv", [Value("x", x, f32), Value("w", wshape, f32)], [Value("y")], {"pads": pads})
+    return conv_ops.geometry(node)
+
+
+def test_plan_choice() -> None:
+    """F(4x4) for up to 128 channels on large planes, F(2x2) up to 256, the direct path beyond, and
+    for what the transforms do not cover (strides, groups, few channels, small planes)."""
+    def plan(x, wshape, pads=(1, 1, 1, 1)):
+        return winograd.winograd_plan(_geometry(x, wshape, list(pads)), "avx2")
+
+    assert plan((1, 64, 56, 56), (64, 64, 3, 3)).m == 4
+    assert plan((1, 128, 28, 28), (128, 128, 3, 3)).m == 4
+    assert plan((1, 256, 14, 14), (256, 256, 3, 3)).m == 2
+    assert plan((1, 512, 7, 7), (512, 512, 3, 3)) is None
+    assert plan((1, 8, 20, 20), (16, 8, 3, 3)) is None
+    assert plan((1, 32, 6, 6), (32, 32, 3, 3)) is None
+    assert plan((1, 32, 20, 20), (32, 32, 5, 5), (2, 2, 2, 2)) is None
+
+
+def _conv(cid: str, x: tuple[int, ...], cout: int, pads: list[int], bias: bool = True, relu: bool = False,
+          residual: bool = False) -> Case:
+    """Conv 3x3 (+ bias) (+ residual Add) (+ Relu); the tolerance covers F(4x4)'s larger rounding."""
+    consts = {"w": _w(cout, x[1], 3, 3)}
+    if bias:
+        consts["b"] = _rng.standard_normal(cout).astype(np.float32)
+    inputs = {"x": Inp(x)}
+    nodes = [helper.make_node("Conv", ["x", "w"] + (["b"] if bias else []), ["c"], pads=pads)]
+    last = "c"
+    if residual:
+        oh, ow = x[2] + pads[0] + pads[2] - 2, x[3] + pads[1] + pads[3] - 2
+        inputs["r"] = Inp((x[0], cout, oh, ow))
+        nodes.append(helper.make_node("Add", ["c", "r"], ["s"]))
+        last = "s"
+    if relu:
+        nodes.append(helper.make_node("Relu", [last], ["y"]))
+        last = "y"
+    return Case(cid, nodes, inputs, [last], consts, rtol=1e-4, atol=2e-5 * np.sqrt(9 * x[1]))
+
+
+CASES = [
+    _conv("f4_pad1_relu", (1, 32, 20, 20), 48, [1, 1, 1, 1], relu=True),
+    _conv("f4_partial_tiles_asym", (1, 16, 17, 19), 24, [1, 0, 0, 1]),
+    _conv("f4_narrow_rows_batch2", (2, 40, 28, 28), 36, [1, 1, 1, 1], bias=False),
+    _conv("f4_one_unit_many_rows", (1, 16, 64, 40), 16, [1, 1, 1, 1]),
+    _conv("f4_residual_relu", (1, 64, 24, 24), 64, [1, 1, 1, 1], relu=True, residual=True),
+    _conv("f2_wide", (1, 160, 12, 11), 200, [1, 1, 1, 1], relu=True),
+    _conv("f2_nopad", (1, 136, 10, 13), 130, [0, 0, 0, 0]),
+]
+
+
+def _model_and_feeds(cases: list[Case]):
+    model, maps = build_model(cases)
+    feeds = {names[k]: v for c, names in zip(cases, maps, strict=True) for k, v in make_feeds(c).items()}
+    return model, feeds
+
+
+@pytest.mark.parametrize("target", ["native", "generic"])
+def test_winograd_convs_match_onnxruntime(tmp_path, target: str) -> None:
+    """Every case takes the Winograd path (checked) and matches onnxruntime, on 1 and 3 threads with
+    the same bits; "generic" builds the 4-lane vector code."""
+    model, feeds = _model_and_feeds(CASES)
+    result = compile_model(model, tmp_path, "t", target_cpu=target)
+    source = "".join(p.read_text() for p in tmp_path.glob("t_kernels_*.c"))
+    assert source.count("_wg_mk") >= len(CASES), "a case did not take the Winograd path"
+    want = run_ort(model, feeds)
+    one = aotc.load(result.prefix).run(feeds)
+    three = aotc.load(result.prefix, threads=3).run(feeds)
+    for c, g1, g3, wv in zip(CASES, one, three, want, strict=True):
+        assert_close(g1, wv, c.rtol, c.atol, c.id)
+        np.testing.assert_array_equal(g1, g3)
+
+
+def test_winograd_sanitizers_run_clean(tmp_path) -> None:
+    """The padded row copies, the vectors of tiles that spill past a row, and the scratch slices,
+    under ASan and UBSan (1 and 2 threads)."""
+    model, _ = _model_and_feeds([CASES[1], CASES[2], CASES[6]])
+    run_generated_test_under_sanitizers(model, tmp_path)
