@@ -143,8 +143,9 @@ def pack_winograd_weights(w: np.ndarray, b: np.ndarray | None, g: Geometry, plan
 
 def _kw(plan: WinogradPlan) -> int:
     """Columns per phase of the phase-split input rows: the transform reads whole vectors of tile
-    columns, and a tile's a columns reach (a - 1) // m past its own phase column."""
-    return max(plan.tw, plan.lanes) + (plan.a - 1) // plan.m
+    columns, and a tile's a columns reach (a - 1) // m past its own phase column. Whole vectors, so
+    that the loop that splits the phases has no scalar remainder."""
+    return -(-(max(plan.tw, plan.lanes) + (plan.a - 1) // plan.m) // plan.lanes) * plan.lanes
 
 
 def _out_row(plan: WinogradPlan) -> int:
