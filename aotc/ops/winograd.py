@@ -148,6 +148,11 @@ def _kw(plan: WinogradPlan) -> int:
     return -(-(max(plan.tw, plan.lanes) + (plan.a - 1) // plan.m) // plan.lanes) * plan.lanes
 
 
+def _parts(plan: WinogradPlan) -> int:
+    """Parts the output channels of a unit are split into (see ``winograd_conv``)."""
+    return 2 if plan.nb >= 4 else 1
+
+
 def _out_row(plan: WinogradPlan) -> int:
     """Floats per output row buffer: whole vectors of tiles (a row narrower than a vector spills)."""
     return plan.m * max(plan.tw, plan.lanes)
@@ -259,7 +264,13 @@ def winograd_conv(g: Geometry, x: str, packed: str, y: str, isa: str, epi: Epilo
     uoff = n_pts * nb * C * mb
     rem = (tp // L) % nv
     groups = [(pg * nv * L, nv) for pg in range((tp // L) // nv)] + ([((tp // L) // nv * nv * L, rem)] if rem else [])
-    body = [f"const size_t n = t / {nu}, tr0 = t % {nu} * {rt};",
+    # Units are (image, block of tile rows, part of the output channels), parts fastest: with two
+    # parts, 7 tile rows still split evenly over 2 threads, and a task that goes on to the next part
+    # of the same tile rows reuses their input transform.
+    parts = _parts(plan)
+    body = [f"const size_t part = t % {parts}, n = t / {parts * nu}, tr0 = t / {parts} % {nu} * {rt};",
+            f"const size_t b0 = part * {nb} / {parts}, b1 = (part + 1) * {nb} / {parts};",
+            f"const size_t c1 = b1 * {mb} < {M} ? b1 * {mb} : {M};",
             f"const float *restrict xn = {x} + n * {C * IS};",
             # Tile slots past the unit's tiles (and past the plane) read zeros: rows outside the
             # input are zero-filled, and columns past rt * tw are zeroed once per task.
@@ -268,7 +279,7 @@ def winograd_conv(g: Geometry, x: str, packed: str, y: str, isa: str, epi: Epilo
             f"  for (size_t i = 0; i < {n_pts * C}; i++)",
             f"    for (size_t j = {rt * tw}; j < {tp}; j++) vv[i * {tp} + j] = 0;",
             "}",
-            f"for (size_t ic = 0; ic < {C}; ic++) {{",
+            f"if (t == t0 || part == 0) for (size_t ic = 0; ic < {C}; ic++) {{",
             f"  for (size_t ti = 0; ti < {rt}; ti++) {{",
             f"    for (size_t r = 0; r < {a}; r++) {{",
             f"      const ptrdiff_t ih = (ptrdiff_t)((tr0 + ti) * {m} + r) - {PH};",
@@ -288,12 +299,12 @@ def winograd_conv(g: Geometry, x: str, packed: str, y: str, isa: str, epi: Epilo
             "  }",
             "}",
             f"for (size_t xi = 0; xi < {n_pts}; xi++)",
-            f"  for (size_t blk = 0; blk < {nb}; blk++) {{",
+            "  for (size_t blk = b0; blk < b1; blk++) {",
             f"    const float *restrict u = {packed} + (xi * {nb} + blk) * {C * mb};",
             f"    float *restrict mo = mm + (xi * {mp} + blk * {mb}) * {tp};",
             *(f"    {fn}_mk{k}(vv + xi * {C * tp} + {p0}, u, mo + {p0}, {C});" for p0, k in groups),
             "  }",
-            f"for (size_t c = 0; c < {M}; c++) {{",
+            f"for (size_t c = b0 * {mb}; c < c1; c++) {{",
             f"  const float bc = {packed}[{uoff} + c];",
             f"  for (size_t ti = 0; ti < {rt}; ti++) {{",
             f"    const float *restrict mr = mm + c * {tp} + ti * {tw};",
@@ -310,10 +321,10 @@ def winograd_conv(g: Geometry, x: str, packed: str, y: str, isa: str, epi: Epilo
             *_epi_block(epi, g, "s", "      "),
             "      yr[q] = v;",
             "    }", "  }", "}"]
-    parts = _scratch_parts(g, plan)
-    offs = [sum(parts[:i]) for i in range(len(parts))]
-    head = (f"float *restrict prow = scratch + task * (size_t){sum(parts)};\n"
+    sizes = _scratch_parts(g, plan)
+    offs = [sum(sizes[:i]) for i in range(len(sizes))]
+    head = (f"float *restrict prow = scratch + task * (size_t){sum(sizes)};\n"
             + "".join(f"float *restrict {nm} = prow + {o};\n" for nm, o in zip(("ph", "vv", "mm", "ob"), offs[1:],
                                                                                  strict=True))
-            + f"const size_t t0 = (size_t){g.n * nu} * task / ntasks;\n")
-    return "\n".join(helpers) + "\n", head + _task_loop(g.n * nu, "\n".join("  " + ln for ln in body))
+            + f"const size_t t0 = (size_t){g.n * nu * parts} * task / ntasks;\n")
+    return "\n".join(helpers) + "\n", head + _task_loop(g.n * nu * parts, "\n".join("  " + ln for ln in body))
