@@ -98,6 +98,13 @@ CONV = [
                                                                   "strides": [2, 2]}),
     ("2d_depthwise_s32_dil", (1, 3, 13, 12), (6, 1, 3, 2), {"group": 3, "pads": [2, 1, 1, 0],
                                                             "strides": [3, 2], "dilations": [2, 3]}),
+    # Phase path: rows too narrow to split in place go through a padded row copy; small planes are
+    # double-buffered (the next channel copied before this one is computed); wide rows are computed
+    # straight into the output.
+    ("2d_depthwise_s2_narrow", (2, 6, 14, 14), (6, 1, 3, 3), {"group": 6, "pads": [1, 1, 1, 1], "strides": [2, 2]}),
+    ("2d_depthwise_s2_narrow_mult2", (1, 4, 13, 15), (8, 1, 3, 3), {"group": 4, "pads": [0, 0, 1, 1],
+                                                                    "strides": [2, 2]}),
+    ("2d_depthwise_s2_wide", (1, 3, 12, 100), (3, 1, 3, 3), {"group": 3, "pads": [1, 1, 1, 1], "strides": [2, 2]}),
     ("1d_depthwise_s2", (2, 3, 17), (3, 1, 5), {"group": 3, "pads": [2, 1], "strides": [2]}),
     ("1d_depthwise_large", (1, 2, 5000), (2, 1, 3), {"group": 2, "pads": [1, 1]}),
     ("2d_depthwise_5x5_dil", (1, 3, 12, 12), (3, 1, 5, 5), {"group": 3, "pads": [4, 4, 4, 4], "dilations": [2, 2]}),
@@ -349,6 +356,9 @@ def test_conv_threads_bit_identical(tmp_path) -> None:
              single("pointwise", "Conv", [Inp((1, 160, 17, 15)), w(40, 160, 1, 1), w(40)]),
              single("dw", "Conv", [Inp((1, 32, 20, 20)), w(32, 1, 3, 3)], {"group": 32, "pads": [1, 1, 1, 1]}),
              single("dw_rows", "Conv", [Inp((1, 8, 70, 66)), w(8, 1, 3, 3)], {"group": 8, "pads": [1, 1, 1, 1]}),
+             # Double-buffered phase planes: a task's last unit prefetches nothing past its range.
+             single("dw_s2_narrow", "Conv", [Inp((1, 7, 14, 14)), w(7, 1, 3, 3)],
+                    {"group": 7, "pads": [1, 1, 1, 1], "strides": [2, 2]}),
              single("stem", "Conv", [Inp((1, 3, 61, 57)), w(32, 3, 3, 3), w(32)], {"pads": [1, 1, 1, 1],
                                                                                    "strides": [2, 2]}),
              single("generic", "Conv", [Inp((1, 8, 12, 12)), Inp((16, 8, 3, 3))]),
@@ -401,6 +411,11 @@ def test_conv_paths_sanitizers_run_clean(tmp_path) -> None:
              single("dw_s2", "Conv", [Inp((1, 3, 41, 37)), w(3, 1, 3, 3)],
                     {"group": 3, "pads": [1, 1, 1, 1], "strides": [2, 2]}),
              single("dw_s2_nopad", "Conv", [Inp((1, 2, 40, 35)), w(2, 1, 3, 3)], {"group": 2, "strides": [2, 2]}),
+             # The padded row copy (14 columns) with double-buffered planes; rows computed in place.
+             single("dw_s2_narrow", "Conv", [Inp((1, 5, 14, 14)), w(5, 1, 3, 3)],
+                    {"group": 5, "pads": [1, 1, 1, 1], "strides": [2, 2]}),
+             single("dw_s2_wide", "Conv", [Inp((1, 2, 12, 100)), w(2, 1, 3, 3)],
+                    {"group": 2, "pads": [1, 1, 1, 1], "strides": [2, 2]}),
              single("dw_rows", "Conv", [Inp((1, 2, 70, 66)), w(2, 1, 3, 3)], {"group": 2, "pads": [1, 1, 1, 1]}),
              single("dw_rows_one_vector", "Conv", [Inp((1, 2, 500, 10)), w(2, 1, 3, 3)],
                     {"group": 2, "pads": [0, 1, 0, 1]}),
