@@ -4,8 +4,11 @@ Every op works on NC + 1..3 spatial dims; the C generators pad the spatial dims 
 1s), so one loop nest covers 1-D, 2-D and 3-D. Work is split over (batch, channel) pairs, never over
 a reduction, so results do not depend on ``ntasks``.
 
-Conv has four code paths (``conv_path`` picks one, ``conv_kernel`` writes it); the fast ones are
+Conv has five code paths (``conv_path`` picks one, ``conv_kernel`` writes it); the fast ones are
 float32 and split work over (batch, group, chunk of output positions, block of output channels):
+
+- "winograd" (constant weights, 3x3 stride 1, one group, 16 to 256 channels): F(4x4, 3x3) or
+  F(2x2, 3x3) in ``aotc/ops/winograd.py``, 2 to 4 times fewer multiplies than the direct sum.
 
 - "tiled" (constant weights): a register-tiled implicit GEMM. Weights are packed at compile time into
   blocks of CB output channels ([ci][tap][CB]); a tile of R output positions x CB channels lives in

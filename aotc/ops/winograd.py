@@ -11,7 +11,8 @@ of the a x a transformed tile: M[xi][oc][tile] = sum_ic U[xi][oc][ic] V[xi][ic][
 U = G g GT is computed here at compile time and V = BT d B at run time.
 
 Layout. A work unit is a block of RT tile rows of one image (RT * TW tiles, TP slots rounded up to
-whole vectors), computed start to end by one task in its own scratch:
+whole vectors) and one part of the output channels, computed start to end by one task in its own
+scratch:
 
 1. input transform: the a input rows of each tile row are copied, zero-padded, into a buffer split by
    column phase (column % m), so each of the a x a tile inputs is a contiguous run over the tile
