@@ -617,6 +617,36 @@ def pack_rows_weights(w: np.ndarray, b: np.ndarray | None, g: Geometry, mb: int)
     return np.concatenate([packed.reshape(-1), bias.reshape(-1)])
 
 
+def bcast_tile_kernel(isa: str, fn: str, mb: int, nv: int, xstride: int, ystride: int, k: str,
+                      inline: bool = True) -> str:
+    """C function ``fn(x, w, init, y, nk)``: a register tile of MB rows (weights broadcast) x NV
+    vectors, y[i][v] = init[i] + sum over k < ``k`` (a C expression, may use nk) of w[k][i] * x[k][v],
+    with x rows ``xstride`` and y rows ``ystride`` floats apart and w packed [k][MB]."""
+    vec = _VEC.get(isa, _VEC["generic"])
+    vt, L = vec["vt"], vec["lanes"]
+
+    def V(fmt: str, **kw: str) -> str:
+        return vec[fmt].format(**kw)
+
+    # Not inlined (the Winograd GEMMs): registers are then allocated apart from the caller's loops.
+    mk = [f"{vec['target']}static {'inline' if inline else '__attribute__((noinline))'} void {fn}("
+          "const float *restrict x, const float *restrict w, const float *restrict init, float *restrict y, "
+          "size_t nk) {", "  (void)nk;"]
+    mk += [f"  {vt} a{i}_{j} = {V('bcast', p=f'init + {i}')};" for i in range(mb) for j in range(nv)]
+    mk += [f"  for (size_t ci = 0; ci < {k}; ci++) {{",
+           f"    const float *restrict xr = x + ci * {xstride};",
+           f"    const float *restrict wr = w + ci * {mb};"]
+    mk += [f"    const {vt} x{j} = {V('load', p=f'xr + {j * L}')};" for j in range(nv)]
+    for i in range(mb):
+        mk.append(f"    {{ const {vt} wb = {V('bcast', p=f'wr + {i}')};")
+        mk += [f"      a{i}_{j} = {V('fma', x='wb', y=f'x{j}', a=f'a{i}_{j}')};" for j in range(nv)]
+        mk.append("    }")
+    mk.append("  }")
+    mk += [f"  {V('store', p=f'y + {i * ystride + j * L}', v=f'a{i}_{j}')};" for i in range(mb) for j in range(nv)]
+    mk.append("}")
+    return "\n".join(mk)
+
+
 def _rows_conv(g: Geometry, x: str, packed: str, y: str, isa: str, epi: Epilogue | None,
                fn: str) -> tuple[str, str]:
     """1x1 stride-1 conv as Y[co, s] = W[co, ci] X[ci, s]: a register tile of MB channels (weights
@@ -630,28 +660,10 @@ def _rows_conv(g: Geometry, x: str, packed: str, y: str, isa: str, epi: Epilogue
     cg, mg = g.c // g.group, g.m // g.group
     nb = -(-mg // mb)
     OS = g.out_size
-    vt = vec["vt"]
     pack = _rows_pack(g, plan)
     xstride = pv if pack else g.in_size
 
-    def V(fmt: str, **kw: str) -> str:
-        return vec[fmt].format(**kw)
-
-    mk = [f"{vec['target']}static inline void {fn}(const float *restrict xs, const float *restrict wp, "
-          "const float *restrict bias, float *restrict yt) {"]
-    mk += [f"  {vt} a{i}_{j} = {V('bcast', p=f'bias + {i}')};" for i in range(mb) for j in range(nv)]
-    mk += [f"  for (size_t ci = 0; ci < {cg}; ci++) {{",
-           f"    const float *restrict xr = xs + ci * {xstride};",
-           f"    const float *restrict wr = wp + ci * {mb};"]
-    mk += [f"    const {vt} x{j} = {V('load', p=f'xr + {j * L}')};" for j in range(nv)]
-    for i in range(mb):
-        mk.append(f"    {{ const {vt} wb = {V('bcast', p=f'wr + {i}')};")
-        mk += [f"      a{i}_{j} = {V('fma', x='wb', y=f'x{j}', a=f'a{i}_{j}')};" for j in range(nv)]
-        mk.append("    }")
-    mk.append("  }")
-    mk += [f"  {V('store', p=f'yt + {i * pv + j * L}', v=f'a{i}_{j}')};" for i in range(mb) for j in range(nv)]
-    mk.append("}")
-    helpers = vec["include"] + "\n" + "\n".join(mk) + "\n"
+    helpers = vec["include"] + "\n" + bcast_tile_kernel(isa, fn, mb, nv, xstride, pv, str(cg)) + "\n"
 
     chunk = _rows_chunk(g, cg, pv)
     nch = -(-OS // chunk)
@@ -678,7 +690,7 @@ def _rows_conv(g: Geometry, x: str, packed: str, y: str, isa: str, epi: Epilogue
              f"for (size_t s0 = ch * {chunk}, k = 0; s0 < send; s0 += {pv}, k++) {{",
              f"  const size_t sb = s0 + {pv} <= {OS} ? s0 : {OS - pv};  /* the last tile overlaps */",
              f"  float tile[{mb * pv}] __attribute__((aligned(64)));",
-             f"  {fn}({f'panel + k * {cg * pv}' if pack else 'xg + sb'}, wp, bias, tile);",
+             f"  {fn}({f'panel + k * {cg * pv}' if pack else 'xg + sb'}, wp, bias, tile, {cg});",
              "  for (size_t i = 0; i < cn; i++) {",
              "    const size_t c = c0 + i;",
              f"    float *restrict yr = {y} + (n * {g.m} + c) * {OS} + sb;",

@@ -38,7 +38,7 @@ from fractions import Fraction as F
 
 import numpy as np
 
-from aotc.ops.conv import _VEC, Epilogue, Geometry, _epi_block, _task_loop
+from aotc.ops.conv import _VEC, Epilogue, Geometry, _epi_block, _task_loop, bcast_tile_kernel
 
 # (BT, G, AT) per m: interpolation points 0, 1, -1 (m = 2) and 0, 1, -1, 2, -2 (m = 4), plus infinity.
 _MATRICES: dict[int, tuple[list[list[F]], list[list[F]], list[list[F]]]] = {
@@ -206,7 +206,6 @@ def _combo(coeffs: np.ndarray, terms: list[str]) -> str:
 def winograd_conv(g: Geometry, x: str, packed: str, y: str, isa: str, epi: Epilogue | None,
                   fn: str, plan: WinogradPlan) -> tuple[str, str]:
     """(helpers, body) of the Winograd conv; see the module docstring."""
-    vec = _VEC[isa]
     m, a, tw, rt, tp, mb, nv, L = plan.m, plan.a, plan.tw, plan.rt, plan.tp, plan.mb, plan.nv, plan.lanes
     n_pts, nb = plan.points, plan.nb
     mp = nb * mb
@@ -217,31 +216,11 @@ def winograd_conv(g: Geometry, x: str, packed: str, y: str, isa: str, epi: Epilo
     OS, IS = g.out_size, g.in_size
     PH, PW = g.pb[1], g.pb[2]
     kw, orw = _kw(plan), _out_row(plan)
-    vt = vec["vt"]
-
-    def V(fmt: str, **k: str) -> str:
-        return vec[fmt].format(**k)
-
-    # GEMM micro-kernels: MB channels x NV vectors of tile slots over nci input channels (and one
+    # GEMM micro-kernels: MB channels x NV vectors of tile slots over the input channels (and one
     # with fewer vectors for the slots left over, if any).
-    helpers = [vec["include"]]
-    for nvk in sorted({nv, (tp // L) % nv} - {0}):
-        mk = [f"{vec['target']}static __attribute__((noinline)) void {fn}_mk{nvk}(const float *restrict v, "
-              "const float *restrict u, float *restrict mo, size_t nci) {"]
-        mk += [f"  {vt} a{i}_{j} = {V('bcast', p='&zero')};" for i in range(mb) for j in range(nvk)]
-        mk[1:1] = ["  static const float zero = 0.0f;"]
-        mk += ["  for (size_t ci = 0; ci < nci; ci++) {",
-               f"    const float *restrict vr = v + ci * {tp};",
-               f"    const float *restrict ur = u + ci * {mb};"]
-        mk += [f"    const {vt} x{j} = {V('load', p=f'vr + {j * L}')};" for j in range(nvk)]
-        for i in range(mb):
-            mk.append(f"    {{ const {vt} wb = {V('bcast', p=f'ur + {i}')};")
-            mk += [f"      a{i}_{j} = {V('fma', x='wb', y=f'x{j}', a=f'a{i}_{j}')};" for j in range(nvk)]
-            mk.append("    }")
-        mk.append("  }")
-        mk += [f"  {V('store', p=f'mo + {i * tp + j * L}', v=f'a{i}_{j}')};" for i in range(mb) for j in range(nvk)]
-        mk.append("}")
-        helpers.append("\n".join(mk))
+    helpers = [_VEC[isa]["include"], f"static const float {fn}_zeros[{mb}];"]
+    helpers += [bcast_tile_kernel(isa, f"{fn}_mk{k}", mb, k, tp, tp, "nk", inline=False)
+                for k in sorted({nv, (tp // L) % nv} - {0})]
 
     # Input transform of one tile row: d[r][c] = phase-split row r, phase c % m, column j + c / m.
     d = [[f"ph[{(r * m + c % m) * kw} + j + {c // m}]" for c in range(a)] for r in range(a)]
@@ -303,7 +282,7 @@ def winograd_conv(g: Geometry, x: str, packed: str, y: str, isa: str, epi: Epilo
             "  for (size_t blk = b0; blk < b1; blk++) {",
             f"    const float *restrict u = {packed} + (xi * {nb} + blk) * {C * mb};",
             f"    float *restrict mo = mm + (xi * {mp} + blk * {mb}) * {tp};",
-            *(f"    {fn}_mk{k}(vv + xi * {C * tp} + {p0}, u, mo + {p0}, {C});" for p0, k in groups),
+            *(f"    {fn}_mk{k}(vv + xi * {C * tp} + {p0}, u, {fn}_zeros, mo + {p0}, {C});" for p0, k in groups),
             "  }",
             f"for (size_t c = b0 * {mb}; c < c1; c++) {{",
             f"  const float bc = {packed}[{uoff} + c];",
