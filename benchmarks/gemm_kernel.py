@@ -1,33 +1,48 @@
-"""Benchmark the generated GEMM kernels against numpy's (OpenBLAS) single-threaded sgemm.
+"""Benchmark the generated GEMM kernels against numpy's (OpenBLAS) sgemm.
 
-Usage: python benchmarks/gemm_kernel.py [--isa avx2] [--cflags "-O3 -march=native"] [--quick]
+Usage: python benchmarks/gemm_kernel.py [--isa avx2] [--cflags "-O3 -march=native"] [--quick] [--threads N]
 
 Both sides run in this process on the same data; each number is the median of many timed batches after
 warm-up.  The kernel is timed by a C loop (no Python call overhead per iteration); numpy by a Python loop
-over ``np.matmul(a, b, out=c)`` (about a microsecond of overhead per call, visible only at M=1).
+over ``np.matmul(a, b, out=c)`` (about a microsecond of overhead per call, visible only at M=1).  With
+``--threads N`` the kernel runs as N tasks on the pool that compiled models bundle (templates/pool.c.j2),
+as a model's run does, and OpenBLAS gets N threads.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 
-os.environ["OPENBLAS_NUM_THREADS"] = "1"  # must precede the numpy import
+
+def _threads_arg(argv: list[str]) -> int:
+    """--threads from the command line, read before numpy is imported (OpenBLAS reads its thread count then)."""
+    for i, a in enumerate(argv):
+        if a == "--threads" and i + 1 < len(argv):
+            return int(argv[i + 1])
+        if a.startswith("--threads="):
+            return int(a.split("=", 1)[1])
+    return 1
+
+
+os.environ["OPENBLAS_NUM_THREADS"] = str(_threads_arg(sys.argv))  # must precede the numpy import
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
 import shlex  # noqa: E402
 import subprocess  # noqa: E402
-import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import cffi  # noqa: E402
+import jinja2  # noqa: E402
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from aotc.codegen.gemm import ISAS, GemmSpec, pack_b, plan_gemm, render_gemm, scratch_bytes  # noqa: E402
+from aotc.resources import templates_dir  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,18 +96,41 @@ def _aligned(n: int) -> np.ndarray:
     return raw[off:off + n]
 
 
+# What the pool template needs from a model header: the aotc_parallel interface.
+POOL_HEADER = """#include <stddef.h>
+typedef struct aotc_parallel {
+  void (*run)(void *ctx, size_t n, void (*fn)(void *arg, size_t t), void *arg);
+  void *ctx;
+  size_t num_threads;
+} aotc_parallel;
+"""
+
+
 def _build(specs: list[GemmSpec], cflags: list[str], workdir: Path) -> tuple[cffi.FFI, object]:
-    parts, decls = [], []
+    """One library: every kernel, a C timing loop per kernel (ntasks tasks per call, on the pool when
+    ntasks > 1), and the bundled pool rendered as bench_pool_create."""
+    parts = ['#include "bench.h"', "typedef struct { const float *A, *B; float *C, *S; size_t nt; } bench_job;"]
+    decls = ["typedef struct aotc_parallel aotc_parallel;", "aotc_parallel *bench_pool_create(size_t num_threads);",
+             "void bench_pool_destroy(aotc_parallel *pool);"]
     for s in specs:
         parts.append(render_gemm(s))
-        proto = (f"void bench_{s.fn}(const float *A, const float *B, float *C, float *scratch, size_t iters)")
+        parts.append(f"static void task_{s.fn}(void *p, size_t t) {{\n    const bench_job *j = (const bench_job *)p;\n"
+                     f"    {s.fn}(j->A, j->B, j->C, j->S, t, j->nt);\n}}")
+        proto = (f"void bench_{s.fn}(const float *A, const float *B, float *C, float *scratch, size_t iters, "
+                 "aotc_parallel *par, size_t ntasks)")
         decls.append(proto + ";")
-        parts.append(f"{proto};\n{proto}\n{{\n    for (size_t it = 0; it < iters; ++it)\n"
-                     f"        {s.fn}(A, B, C, scratch, 0, 1);\n}}\n")
+        parts.append(f"{proto};\n{proto}\n{{\n    bench_job j = {{A, B, C, scratch, ntasks}};\n"
+                     f"    for (size_t it = 0; it < iters; ++it) {{\n"
+                     f"        if (ntasks > 1) par->run(par->ctx, ntasks, task_{s.fn}, &j);\n"
+                     f"        else task_{s.fn}(&j, 0);\n    }}\n}}\n")
+    (workdir / "bench.h").write_text(POOL_HEADER)
+    pool = jinja2.Template((templates_dir() / "pool.c.j2").read_text(), keep_trailing_newline=True)
+    (workdir / "bench_pool.c").write_text(pool.render(name="bench", version="benchmark", api=""))
     src = workdir / "bench_gemm.c"
     lib = workdir / "bench_gemm.so"
     src.write_text("\n".join(parts))
-    cmd = ["cc", *cflags, "-std=c11", "-Wall", "-Wextra", "-shared", "-fPIC", str(src), "-o", str(lib)]
+    cmd = ["cc", *cflags, "-std=c11", "-Wall", "-Wextra", "-shared", "-fPIC", "-pthread", "-I", str(workdir),
+           str(src), str(workdir / "bench_pool.c"), "-o", str(lib)]
     subprocess.run(cmd, check=True)
     ffi = cffi.FFI()
     ffi.cdef("\n".join(decls))
@@ -110,15 +148,18 @@ def _calibrate(fn, min_batch_s: float) -> int:
     return reps
 
 
-def _time_pair(fa, fb, min_batch_s: float, batches: int) -> tuple[list[float], list[float]]:
+def _time_pair(fa, fb, min_batch_s: float, batches: int, settle_s: float = 0.0) -> tuple[list[float], list[float]]:
     """Seconds per call of fa and fb, timed in alternating batches so that noise from other processes on
-    the machine hits both sides alike."""
+    the machine hits both sides alike.  ``settle_s``: a pause after each batch, so that threads which spin
+    after their work (OpenBLAS's, the pool's) are asleep before the other side's batch."""
     ra, rb = _calibrate(fa, min_batch_s), _calibrate(fb, min_batch_s)
     ta, tb = [], []
     for _ in range(batches):
+        time.sleep(settle_s)
         t = time.perf_counter()
         fa(ra)
         ta.append((time.perf_counter() - t) / ra)
+        time.sleep(settle_s)
         t = time.perf_counter()
         fb(rb)
         tb.append((time.perf_counter() - t) / rb)
@@ -136,7 +177,10 @@ def main() -> None:
     ap.add_argument("--kc", type=int, help="override the ISA's K block cap (tuning)")
     ap.add_argument("--mc", type=int, help="override the ISA's M block cap (tuning)")
     ap.add_argument("--nc", type=int, help="override the ISA's N block cap (tuning)")
+    ap.add_argument("--threads", type=int, default=1, help="tasks per call on the bundled pool (and OpenBLAS threads)")
     args = ap.parse_args()
+    if args.threads < 1:
+        ap.error("--threads must be >= 1")
     overrides = {k: v for k, v in (("kc", args.kc), ("mc", args.mc), ("nc", args.nc)) if v}
     if overrides:
         ISAS[args.isa] = dataclasses.replace(ISAS[args.isa], **overrides)
@@ -150,7 +194,11 @@ def main() -> None:
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as tmp:
         ffi, lib = _build(specs, shlex.split(args.cflags), Path(tmp))
-        print(f"isa={args.isa} cflags='{args.cflags}' numpy={np.__version__} (OPENBLAS_NUM_THREADS=1)")
+        pool = lib.bench_pool_create(args.threads) if args.threads > 1 else ffi.NULL
+        if pool == ffi.NULL and args.threads > 1:
+            raise SystemExit(f"cannot start {args.threads} threads")
+        print(f"isa={args.isa} cflags='{args.cflags}' numpy={np.__version__} "
+              f"(OPENBLAS_NUM_THREADS={os.environ['OPENBLAS_NUM_THREADS']}), {args.threads} task(s) per call")
         print("GFLOP/s, median and best of the timed batches")
         print(f"{'case':24s} {'KC':>4s} {'MC':>4s} {'NC':>5s} {'aotc':>8s} {'numpy':>8s} {'ratio':>6s}"
               f" {'aotc*':>8s} {'numpy*':>8s} {'ratio*':>6s}")
@@ -172,19 +220,19 @@ def main() -> None:
                 b_buf[:] = packed
             else:
                 b_buf = b
-            scratch = _aligned(max(16, scratch_bytes(spec, 1) // 4))
+            scratch = _aligned(max(16, scratch_bytes(spec, args.threads) // 4))
             kern = getattr(lib, f"bench_{spec.fn}")
             pa, pb, pc, ps = (ffi.from_buffer("float[]", x) for x in (a, b_buf, c, scratch))
 
             def run_kernel(reps: int, kern=kern, pa=pa, pb=pb, pc=pc, ps=ps) -> None:
-                kern(pa, pb, pc, ps, reps)
+                kern(pa, pb, pc, ps, reps, pool, args.threads)
 
             def run_numpy(reps: int, a=a_op, b=b_op, c_np=c_np) -> None:
                 for _ in range(reps):
                     np.matmul(a, b, out=c_np)
 
             flops = 2.0 * m * n * k * nb
-            t_k, t_n = _time_pair(run_kernel, run_numpy, min_batch, batches)
+            t_k, t_n = _time_pair(run_kernel, run_numpy, min_batch, batches, 0.2 if args.threads > 1 else 0.0)
             err = np.abs(c.reshape(c_np.shape) - c_np).max() / (np.abs(c_np).max() + 1e-30)
             assert err < 1e-4, f"{case.label}: wrong result (rel err {err})"
             plan = plan_gemm(spec)
@@ -192,6 +240,8 @@ def main() -> None:
             bk, bn = flops / min(t_k) / 1e9, flops / min(t_n) / 1e9
             print(f"{case.label:24s} {plan.kc:4d} {plan.mc:4d} {plan.nc:5d} {gk:8.1f} {gn:8.1f} {gk / gn:6.2f}"
                   f" {bk:8.1f} {bn:8.1f} {bk / bn:6.2f}", flush=True)
+        if pool != ffi.NULL:
+            lib.bench_pool_destroy(pool)
 
 
 if __name__ == "__main__":

@@ -55,10 +55,11 @@ def test_mlp_784_512_512_10(tmp_path, batch):
     model = mlp(batch)
     m = aotc.compile(model, out_dir=tmp_path, name="mlp")
     assert m.num_kernels == 3  # one GEMM kernel per layer, bias and relu fused
-    # Two 512-wide activations: at batch 64 the plan reuses memory, below the sum of intermediates.
     assert m.metadata["workspace_bytes"] <= m.metadata["intermediate_bytes"]
     if batch == 64:
-        assert m.metadata["workspace_bytes"] < m.metadata["intermediate_bytes"]
+        # Layer 2 reads one 512-wide activation while it writes the other, so both are live; the GEMMs
+        # read their A in place (no scratch), so that is all the workspace holds.
+        assert m.metadata["workspace_bytes"] <= 2 * 64 * 512 * 4
     feeds = random_feeds(m)
     np.testing.assert_allclose(m.run(feeds)[0], ort_run(model, feeds)[0], rtol=1e-4, atol=1e-4)
 

@@ -311,6 +311,17 @@ def test_plan_blocks_every_dimension() -> None:
     assert plan.kc < 700 and plan.mc < 257
 
 
+def test_plan_reads_small_a_in_place_when_tasks_split_columns() -> None:
+    # The threaded cases above (64x512x784 with B constant, 64x127x300) cover this path; make sure they take it.
+    # Tasks that split columns would each pack the same A: one M block that fits in half of L2 is read in
+    # place instead.  A bigger A, or a row split, is still packed.
+    for m, n, k, b_const in ((64, 512, 784, True), (64, 127, 300, False)):
+        plan = plan_gemm(GemmSpec("x", m, n, k, isa="avx2", b_const=b_const))
+        assert not plan.split_m and not plan.pack_a and plan.a_floats == 0
+    assert plan_gemm(GemmSpec("x", 100, 1000, 2048, isa="avx2", b_const=True)).pack_a  # A of 800 KB
+    assert plan_gemm(GemmSpec("x", 256, 256, 256, isa="avx2", b_const=True)).pack_a  # rows split
+
+
 def test_spec_validation() -> None:
     for bad in (dict(fn="not an identifier"), dict(m=0), dict(isa="sse9"), dict(batch=2, c_batch_stride=3)):
         args = dict(fn="g", m=2, n=2, k=2) | bad

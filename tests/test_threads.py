@@ -4,10 +4,11 @@ callers at once on one pool."""
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
-from models import make, mlp, mnist_softmax, random_feeds, reduce_sum_xyz, vi
+from models import make, mlp, mnist_softmax, ort_run, random_feeds, reduce_sum_xyz, vi
 from onnx import TensorProto, helper
 
 import aotc
@@ -71,6 +72,19 @@ def test_pool_is_shared_and_callers_run_concurrently(tmp_path):
     for t in callers:
         t.join()
     assert not failures
+
+
+def test_pool_worker_spinning_yielding_or_asleep(tmp_path):
+    # Between runs an idle worker spins (about 0.5 ms), then yields its CPU (until 5 ms), then sleeps on a
+    # condition variable: a run must find it, and get the same bits, in each of those states.
+    model = mlp(64)
+    m = aotc.compile(model, out_dir=tmp_path, name="m", threads=2)
+    feeds = random_feeds(m)
+    want = m.run(feeds)[0]
+    np.testing.assert_allclose(want, ort_run(model, feeds)[0], rtol=1e-4, atol=1e-5)
+    for pause_s in (0.0, 0.0002, 0.002, 0.02, 0.0, 0.02):
+        time.sleep(pause_s)
+        np.testing.assert_array_equal(m.run(feeds)[0], want, err_msg=f"after {pause_s * 1e3} ms idle")
 
 
 def test_bad_thread_counts(tmp_path):

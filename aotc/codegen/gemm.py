@@ -15,7 +15,8 @@ published description:
 
 When ``B`` is a constant (weights) it is packed here, at compile time, by :func:`pack_b`.  Shapes that
 get no reuse from a copy skip it: with M <= MR (GEMV-like) A is read in place, K is not blocked and a
-run-time row-major B is streamed in place too; with N <= 2 * NR, A is read in place.  The rows left over
+run-time row-major B is streamed in place too; with N <= 2 * NR, or when tasks split the columns of an A
+that is one M block and fits in half of L2, A is read in place.  The rows left over
 after the full MR panels use a shorter kernel that covers several column panels per call (so M=1 still
 has 12 independent accumulators); a partial last column panel is computed into a small local tile and
 merged.  An optional epilogue runs over each group of finished columns while it is still in cache.
@@ -66,6 +67,9 @@ class IsaParams:
 # 32 zmm; neon 8x12 = 24 of 32 q registers; generic 4x8 with 16-byte vectors, which every target handles
 # (SSE2, NEON, or a scalar fallback).  avx2 values were checked on Zen 3 (benchmarks/gemm_kernel.py); the
 # others follow the same rules but are untuned.
+# A of at most this many bytes is read in place rather than packed when tasks split columns (half of L2).
+A_IN_PLACE_BYTES = 256 * 1024
+
 ISAS: dict[str, IsaParams] = {
     "avx2": IsaParams("avx2", lanes=8, mr=6, nv=2, acc_budget=12, kc=256, mc=120, nc=3072),
     "avx512": IsaParams("avx512", lanes=16, mr=12, nv=2, acc_budget=24, kc=128, mc=240, nc=3072),
@@ -162,9 +166,6 @@ def plan_gemm(spec: GemmSpec) -> GemmPlan:
         kc = _balanced(spec.k, isa.kc, 1)
     mc = spec.m if small_m else min(_balanced(spec.m, isa.mc, mr), _round_up(spec.m, mr))
     nc = min(_balanced(spec.n, isa.nc, nr), _round_up(spec.n, nr))
-    # Packing A pays off through reuse across column panels; with one or two panels (N <= 2 * NR) every A
-    # element is read once or twice anyway, so the kernel reads A in place.
-    pack_a = not small_m and _ceil_div(spec.n, nr) > 2
     mslabs, nslabs = _ceil_div(spec.m, mr), _ceil_div(spec.n, nr)
     if spec.b_const:
         # Row split costs nothing extra (each task packs only its rows of A); prefer it when there are
@@ -174,6 +175,13 @@ def plan_gemm(spec: GemmSpec) -> GemmPlan:
         # Each task must pack what it reads itself: a row split repacks all of B per task, a column
         # split all of A, so split the larger dimension and duplicate the smaller operand.
         split_m = spec.m > spec.n and mslabs > 1
+    # Packing A pays off through reuse across column panels; with one or two panels (N <= 2 * NR) every A
+    # element is read once or twice anyway, so the kernel reads A in place.  So it does when tasks split
+    # columns, all of M is one block and A fits in half of L2 (the MLP layers at batch 64): A stays in L2
+    # either way, and every task would pack the same A again (2.3% of the 64x784x512 layer on 2 threads).
+    pack_a = not small_m and nslabs > 2
+    if pack_a and not split_m and spec.m <= mc and spec.m * spec.k * 4 <= A_IN_PLACE_BYTES:
+        pack_a = False
     a_floats = mc * kc if pack_a else 0
     if spec.b_const:
         b_floats = 0
