@@ -108,6 +108,13 @@ class CompiledModel:
         elif threads != 1:
             self.pool, self.threads = ThreadPool(self, int(threads)), int(threads)
         self.workspace_bytes_used = int(getattr(self._lib, f"{self.name}_workspace_size_for_threads")(self.threads))
+        # Per-call work done once: a run of a small model costs a few microseconds of Python.
+        self._input_names = [t.name for t in self.inputs]
+        self._string_inputs = {t.name for t in self.inputs if dtypes.is_string(t.dtype)}
+        self._has_counts = any(t.count is not None for t in self.outputs)
+        self._pointers = self._ffi.typeof("void *[]")
+        self._par = (self._ffi.cast("aotc_parallel *", self.pool.address) if self.pool is not None
+                     else self._ffi.NULL)
 
     @property
     def num_kernels(self) -> int:
@@ -125,6 +132,7 @@ class CompiledModel:
             off = (-raw.ctypes.data) % 64
             ws = raw[off:off + n]
             self._local.ws = ws
+            self._local.ws_c = self._ptr(ws) if ws.size else self._ffi.NULL
         return ws
 
     def _check(self, feeds: Mapping[str, object] | Sequence[object]) -> list[np.ndarray]:
@@ -133,17 +141,17 @@ class CompiledModel:
             if len(feeds) != len(self.inputs):
                 raise ValueError(f"{self.name}: expected {len(self.inputs)} inputs, got {len(feeds)}")
             feeds = {t.name: x for t, x in zip(self.inputs, feeds, strict=True)}
-        expected = [t.name for t in self.inputs]
-        unknown = [k for k in feeds if k not in expected]
-        missing = [k for k in expected if k not in feeds]
-        if unknown or missing:
+        expected = self._input_names
+        if len(feeds) != len(expected) or any(k not in feeds for k in expected):
+            unknown = [k for k in feeds if k not in expected]
+            missing = [k for k in expected if k not in feeds]
             raise ValueError(f"{self.name}: feeds must be exactly {expected}"
                              + (f"; unknown: {unknown}" if unknown else "")
                              + (f"; missing: {missing}" if missing else ""))
         arrays = []
         for t in self.inputs:
             x = feeds[t.name]
-            if dtypes.is_string(t.dtype):
+            if t.name in self._string_inputs:
                 arrays.append(_string_pointers(self.name, t, x))
                 continue
             if isinstance(x, np.ndarray):
@@ -160,7 +168,7 @@ class CompiledModel:
     def _ptr(self, a: np.ndarray):
         if a.size == 0:  # a zero-size buffer has no address; the kernels will not touch it
             a = np.zeros(1, np.uint8)
-        return self._ffi.cast("void *", self._ffi.from_buffer(a))
+        return self._ffi.from_buffer(a)
 
     def _outputs(self, out: Sequence[np.ndarray] | None, raw: bool = False) -> list[np.ndarray]:
         """Buffers for every C output: ``out`` (the model's outputs, or all C outputs if ``raw``)
@@ -185,6 +193,8 @@ class CompiledModel:
     def _trimmed(self, outs: list[np.ndarray]) -> list[np.ndarray]:
         """The model's outputs from the C outputs ``outs``: each data-dependent one cut to the
         extent its count output holds (a view of the leading part)."""
+        if not self._has_counts:
+            return outs
         by_name = {t.name: o for t, o in zip(self.raw_outputs, outs, strict=True)}
         res = []
         for t in self.outputs:
@@ -202,12 +212,10 @@ class CompiledModel:
         arrays = self._check(feeds)
         outs = self._outputs(out, raw)
         keep = [*arrays, *outs]  # noqa: F841 - buffers must outlive the call
-        ins_c = self._ffi.new("void *[]", [self._ptr(a) for a in arrays] or [self._ffi.NULL])
-        outs_c = self._ffi.new("void *[]", [self._ptr(a) for a in outs] or [self._ffi.NULL])
+        ins_c = self._ffi.new(self._pointers, [self._ptr(a) for a in arrays] or [self._ffi.NULL])
+        outs_c = self._ffi.new(self._pointers, [self._ptr(a) for a in outs] or [self._ffi.NULL])
         ws = self._workspace()
-        ws_c = self._ptr(ws) if ws.size else self._ffi.NULL
-        par = self._ffi.cast("aotc_parallel *", self.pool.address) if self.pool is not None else self._ffi.NULL
-        rc = fn(ins_c, outs_c, ws_c, ws.size, par, *extra)
+        rc = fn(ins_c, outs_c, self._local.ws_c, ws.size, self._par, *extra)
         if rc != 0:
             raise RuntimeError(f"{self.name}_run failed with code {rc}")
         return outs
