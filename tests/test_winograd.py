@@ -4,6 +4,8 @@ per work unit, batches, fused epilogues, thread counts, a 4-lane target and the 
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from onnx import helper
@@ -100,7 +102,8 @@ def test_winograd_convs_match_onnxruntime(tmp_path, target: str) -> None:
     model, feeds = _model_and_feeds(CASES)
     result = compile_model(model, tmp_path, "t", target_cpu=target)
     source = "".join(p.read_text() for p in tmp_path.glob("t_kernels_*.c"))
-    assert source.count("_wg_mk") >= len(CASES), "a case did not take the Winograd path"
+    kernels = set(re.findall(r"void (\w+)_wg_mk\d+\(", source))
+    assert len(kernels) == len(CASES), f"only {sorted(kernels)} took the Winograd path"
     want = run_ort(model, feeds)
     one = aotc.load(result.prefix).run(feeds)
     three = aotc.load(result.prefix, threads=3).run(feeds)

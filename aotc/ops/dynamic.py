@@ -190,25 +190,25 @@ def _unique_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str
                   f"for (size_t k = 0; k < {n}; k++)",
                   "  if (idx[start[grp[k]]] == (int64_t)k) tmp[met++] = grp[k];"]
     lines.append("for (size_t g = 0; g < groups; g++) pos[tmp[g]] = (int64_t)g;")
-    lines.append("for (size_t g = 0; g < groups; g++) {")
-    lines.append("  const int64_t first = idx[start[tmp[g]]];")
-    if y:
-        lines.append(f"  for (size_t o = 0; o < {outer}; o++) for (size_t i = 0; i < {inner}; i++)")
-        lines.append(f"    {y}[(o * {n} + g) * {inner} + i] = {x}[(o * {n} + (size_t)first) * {inner} + i];")
-    if indices:
-        lines.append(f"  {indices}[g] = first;")
-    if counts:
-        lines.append(f"  {counts}[g] = start[tmp[g] + 1] - start[tmp[g]];")
-    lines += ["  (void)first;", "}"]
-    lines.append(f"for (size_t g = groups; g < {n}; g++) {{ /* zeros past the valid extent */")
-    if y:
-        lines.append(f"  for (size_t o = 0; o < {outer}; o++) for (size_t i = 0; i < {inner}; i++)")
-        lines.append(f"    {y}[(o * {n} + g) * {inner} + i] = 0;")
-    if indices:
-        lines.append(f"  {indices}[g] = 0;")
-    if counts:
-        lines.append(f"  {counts}[g] = 0;")
-    lines.append("}")
+
+    def write(value: str, index: str, count_: str) -> list[str]:
+        """Statements storing group g's unique value, first index and count."""
+        out = []
+        if y:
+            out += [f"  for (size_t o = 0; o < {outer}; o++) for (size_t i = 0; i < {inner}; i++)",
+                    f"    {y}[(o * {n} + g) * {inner} + i] = {value};"]
+        if indices:
+            out.append(f"  {indices}[g] = {index};")
+        if counts:
+            out.append(f"  {counts}[g] = {count_};")
+        return out
+
+    lines += ["for (size_t g = 0; g < groups; g++) {",
+              "  const int64_t first = idx[start[tmp[g]]];",
+              *write(f"{x}[(o * {n} + (size_t)first) * {inner} + i]", "first", "start[tmp[g] + 1] - start[tmp[g]]"),
+              "  (void)first;", "}",
+              f"for (size_t g = groups; g < {n}; g++) {{ /* zeros past the valid extent */",
+              *write("0", "0", "0"), "}"]
     if inverse:
         lines.append(f"for (size_t k = 0; k < {n}; k++) {inverse}[k] = pos[grp[k]];")
     if count:

@@ -94,8 +94,8 @@ class WinogradPlan:
         return -(-self.th // self.rt)
 
 
-def winograd_plan(g: Geometry, isa: str, m: int | None = None) -> WinogradPlan | None:
-    """The plan of a conv that takes the Winograd path, or None (``m`` forces the tile size).
+def winograd_plan(g: Geometry, isa: str) -> WinogradPlan | None:
+    """The plan of a conv that takes the Winograd path, or None.
 
     Taken for 2-D 3x3 convs with stride and dilation 1, one group, at least 16 input and output
     channels and output planes of at least 8 x 8, so that tiles are mostly full. F(4x4) up to 128
@@ -107,13 +107,12 @@ def winograd_plan(g: Geometry, isa: str, m: int | None = None) -> WinogradPlan |
     if g.inp[0] != 1 or g.c < 16 or g.m < 16 or min(g.out[1:]) < 8:
         return None
     oh, ow = g.out[1], g.out[2]
-    if m is None:
-        if g.c * g.m <= 128 * 128 and min(oh, ow) >= 16:
-            m = 4
-        elif g.c * g.m <= 256 * 256:
-            m = 2
-        else:
-            return None
+    if g.c * g.m <= 128 * 128 and min(oh, ow) >= 16:
+        m = 4
+    elif g.c * g.m <= 256 * 256:
+        m = 2
+    else:
+        return None
     lanes = _VEC[isa]["lanes"]
     budget = _VEC[isa]["budget"]
     a = m + 2
