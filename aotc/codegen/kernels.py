@@ -19,7 +19,7 @@ from aotc.codegen.loops import Access, Emitter, emit_loop_kernel, identity_map
 from aotc.errors import AotcError
 from aotc.ir import dtypes
 from aotc.ir.graph import Graph, Value
-from aotc.ops import OPS, winograd
+from aotc.ops import OPS, expand_depthwise, winograd
 from aotc.ops import conv as conv_ops
 from aotc.ops import norm as norm_ops
 from aotc.passes.fuse import Kernel
@@ -102,6 +102,10 @@ def gemm_spec(k: Kernel, isa: str, fn: str = "gemm") -> gemm_gen.GemmSpec | None
 
 
 def scratch_bytes(k: Kernel, isa: str, ntasks: int) -> int:
+    if k.kind == "conv" and k.expand is not None:
+        assert k.conv is not None
+        geo = conv_ops.geometry
+        return expand_depthwise.scratch_floats(geo(k.expand), geo(k.conv), isa) * 4 * ntasks
     if k.kind == "conv":
         assert k.conv is not None
         path = conv_ops.conv_path(k.conv, isa)
@@ -239,6 +243,33 @@ def _emit_fused_layernorm(k: Kernel, fn: str) -> KernelSource:
     return _function(fn, k, args, names, body)
 
 
+def _conv_epilogue(k: Kernel, ptrs: dict[int, str], conv: Value, out: Value) -> list[str] | None:
+    """The elementwise chain of ``k`` from the Conv output ``conv`` to ``out`` as statements updating
+    ``v`` (reading n, c, od/oh/ow or the flat position s); None when ``out`` is the Conv output."""
+    if out is conv:
+        return None
+    rank = len(out.shape)
+    em = Emitter(k, ptrs, rank)
+    em.memo[(id(conv), identity_map(rank), "epilogue")] = "v"
+    root = em.value(out, identity_map(rank), "epilogue")
+    # Loop index names of the output dims: batch, channel, then the trailing spatial dims; a read
+    # that walks the spatial dims contiguously uses the flat position s instead.
+    var = ["n", "c", *["od", "oh", "ow"][3 - (rank - 2):]]
+    sp = list(range(2, rank))
+
+    def addr(acc: Access) -> str:
+        terms = [str(acc.base)] if acc.base else []
+        cs = acc.coeffs
+        flat = all(cs[d] == cs[d + 1] * out.shape[d + 1] for d in sp[:-1])
+        dims = [0, 1] if flat else range(rank)
+        terms += [f"{cs[d]} * {var[d]}" for d in dims if cs[d]]
+        if flat and cs[-1]:
+            terms.append(f"{cs[-1]} * s")
+        return f"{acc.ptr}[{' + '.join(terms) or '0'}]"
+
+    return ["{", *em.render("epilogue", addr), f"v = {root};", "}"]
+
+
 def _emit_conv(k: Kernel, fn: str, isa: str) -> KernelSource:
     """A Conv with its elementwise consumer chain applied to each output value ``v`` before the store."""
     node = k.conv
@@ -247,28 +278,9 @@ def _emit_conv(k: Kernel, fn: str, isa: str) -> KernelSource:
     x, w = node.inputs[0], node.inputs[1]
     b = node.inputs[2] if len(node.inputs) > 2 else None
     out = k.outputs[0]
-    epi: list[str] | None = None
-    if len(k.nodes) > 1:
-        rank = len(out.shape)
-        em = Emitter(k, ptrs, rank)
-        em.memo[(id(node.outputs[0]), identity_map(rank), "epilogue")] = "v"
-        root = em.value(out, identity_map(rank), "epilogue")
-        # Loop index names of the output dims: batch, channel, then the trailing spatial dims; a
-        # read that walks the spatial dims contiguously uses the flat position s instead.
-        var = ["n", "c", *["od", "oh", "ow"][3 - (rank - 2):]]
-        sp = list(range(2, rank))
-
-        def addr(acc: Access) -> str:
-            terms = [str(acc.base)] if acc.base else []
-            cs = acc.coeffs
-            flat = all(cs[d] == cs[d + 1] * out.shape[d + 1] for d in sp[:-1])
-            dims = [0, 1] if flat else range(rank)
-            terms += [f"{cs[d]} * {var[d]}" for d in dims if cs[d]]
-            if flat and cs[-1]:
-                terms.append(f"{cs[-1]} * s")
-            return f"{acc.ptr}[{' + '.join(terms) or '0'}]"
-
-        epi = ["{", *em.render("epilogue", addr), f"v = {root};", "}"]
+    epi = _conv_epilogue(k, ptrs, node.outputs[0], out)
+    if k.expand is not None:
+        return _emit_expand_depthwise(k, fn, isa, args, names, ptrs, epi)
     path = conv_ops.conv_path(node, isa)
     packed = None
     if path in ("tiled", "rows", "winograd"):  # weights packed at compile time into the kernel's layout
@@ -288,6 +300,26 @@ def _emit_conv(k: Kernel, fn: str, isa: str) -> KernelSource:
     helpers, body = conv_ops.conv_kernel(node, ptrs[id(x)], ptrs[id(w)], bname, ptrs[id(out)], isa, fn,
                                          epi, packed)
     return _function(fn, k, args, names, body, scratch=scratch_bytes(k, isa, 1) > 0, helpers=helpers)
+
+
+def _emit_expand_depthwise(k: Kernel, fn: str, isa: str, args: list[tuple[Value, str]], names: list[str],
+                           ptrs: dict[int, str], epi: list[str] | None) -> KernelSource:
+    """A depthwise Conv with the expanding 1x1 Conv that computes its input (passes/fuse.py)."""
+    ex, dw = k.expand, k.conv
+    assert ex is not None and dw is not None
+    ge, gd = conv_ops.geometry(ex), conv_ops.geometry(dw)
+    eb = ex.inputs[2] if len(ex.inputs) > 2 else None
+    mb = conv_ops.rows_plan(ge, isa)
+    assert mb is not None
+    arr = conv_ops.pack_rows_weights(ex.inputs[1].const, None if eb is None else eb.const, ge, mb[0])
+    args.append((Graph.constant(arr, f"{ex.inputs[1].name}_packed"), "in"))
+    names.append("in_packed")
+    epi_e = _conv_epilogue(k, ptrs, ex.outputs[0], dw.inputs[0])
+    bd = dw.inputs[2] if len(dw.inputs) > 2 else None
+    helpers, body = expand_depthwise.kernel(ge, gd, ptrs[id(ex.inputs[0])], "in_packed", ptrs[id(dw.inputs[1])],
+                                            None if bd is None else ptrs[id(bd)], ptrs[id(k.outputs[0])], isa,
+                                            epi_e, epi, fn)
+    return _function(fn, k, args, names, body, scratch=True, helpers=helpers)
 
 
 def _naive_matmul(k: Kernel, fn: str, args, names, ptrs) -> KernelSource:

@@ -8,6 +8,8 @@ Kernels are grown backwards from their last node, XLA-style producer->consumer f
 - a MatMul whose only consumer chain is elementwise at the same shape becomes a GEMM kernel with
   that chain as its epilogue, e.g. ``relu(x @ W + b)``; a Conv likewise becomes a conv kernel with its
   elementwise chain (folded BatchNorm, Relu/Clip/HardSwish, a residual Add) as epilogue;
+- a 1x1 conv that widens the channels (+ its epilogue) fuses into the depthwise conv that is its only
+  consumer (``aotc/ops/expand_depthwise.py``): the expanded tensor stays in per-task scratch;
 - a LayerNormalization takes the elementwise chain computing its input into its row kernel;
 - other ops (softmax, concat, ...) are template kernels of their own; aliases (reshapes) are free.
 """
@@ -30,6 +32,7 @@ class Kernel:
     reduce: Node | None = None     # loop kernels: the one reduction, if any
     gemm: Node | None = None       # gemm kernels: the MatMul
     conv: Node | None = None       # conv kernels: the Conv
+    expand: Node | None = None     # conv kernels: a 1x1 Conv computed inside, feeding ``conv``
     index: int = 0
 
     @property
@@ -107,12 +110,40 @@ def fuse(graph: Graph) -> bool:
             _grow_norm_input(k, users, fetched, owner)
         kernels.append(k)
     kernels.reverse()
+    kernels = _fuse_expand_depthwise(kernels, users, fetched)
     order = {id(n): i for i, n in enumerate(graph.nodes)}
     for i, k in enumerate(kernels):
         k.index = i
         k.nodes.sort(key=lambda n: order[id(n)])
     graph.kernels = kernels
     return True
+
+
+def _fuse_expand_depthwise(kernels: list[Kernel], users: dict[int, list[Node]],
+                           fetched: set[int]) -> list[Kernel]:
+    """Merge each expanding 1x1 conv kernel into the depthwise conv kernel that alone reads its
+    output. The 1x1 kernel's epilogue must read nothing but constants: the fused kernel has no
+    buffer for another tensor at the expanded shape."""
+    from aotc.ops.expand_depthwise import fusable
+
+    by_output = {id(k.root.outputs[0]): k for k in kernels if k.kind == "conv" and len(k.root.outputs) == 1}
+    merged: set[int] = set()
+    for k in kernels:
+        x = k.conv.inputs[0] if k.kind == "conv" and k.conv is not None and k.expand is None else None
+        a = by_output.get(id(x)) if x is not None else None
+        if a is None or a.conv is None or a.expand is not None or id(x) in fetched \
+                or [id(u) for u in users[id(x)]] != [id(k.conv)] or any(v is x for v in k.conv.inputs[1:]):
+            continue
+        inside = {id(v) for n in a.nodes for v in n.outputs}
+        if any(v is not None and not v.is_const and id(v) not in inside
+               for n in a.nodes if n is not a.conv for v in n.inputs):
+            continue
+        if not fusable(a.conv, k.conv):
+            continue
+        k.nodes = a.nodes + k.nodes
+        k.expand = a.conv
+        merged.add(id(a))
+    return [k for k in kernels if id(k) not in merged]
 
 
 def _grow_norm_input(k: Kernel, users: dict[int, list[Node]], fetched: set[int],
