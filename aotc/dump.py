@@ -223,7 +223,8 @@ def _buffer_rows(graph: Graph) -> list[dict[str, Any]]:
     if plan is None:
         return []
     names = {k.index: k.name for k in graph.kernels}
-    rows = [(b, False) for b in plan.buffers.values()] + [(b, True) for b in plan.scratch.values()]
+    rows = [(b, False) for b in (*plan.buffers.values(), *plan.partials.values())]
+    rows += [(b, True) for b in plan.scratch.values()]
     rows.sort(key=lambda r: (r[0].first, r[0].offset, r[0].name))
     return [{"name": b.name, "size": b.size, "offset": b.offset, "first": b.first, "last": b.last,
              "first_kernel": names.get(b.first, ""), "last_kernel": names.get(b.last, ""),

@@ -8,8 +8,9 @@ import time
 
 import numpy as np
 import pytest
-from models import make, mlp, mnist_softmax, ort_run, random_feeds, reduce_sum_xyz, vi
+from models import init, make, mlp, mnist_softmax, ort_run, random_feeds, reduce_sum_xyz, vi
 from onnx import TensorProto, helper
+from onnx_helpers import run_generated_test_under_sanitizers
 
 import aotc
 
@@ -104,3 +105,60 @@ def test_without_thread_pool(tmp_path):
     m = aotc.load(tmp_path / "m")
     feeds = random_feeds(m)
     assert m.run(feeds)[0].shape == (1, 10)
+
+
+def _reduce_twice(op: str, dtype: int, shape: list[int], axes: list[int] | None) -> object:
+    """``op`` of x + x over ``axes`` (all when None), the Add fused into the reduction."""
+    out_shape = [] if axes is None else [d for i, d in enumerate(shape) if i not in axes]
+    inputs = ["s"] if axes is None else ["s", "axes"]
+    inits = [] if axes is None else [init("axes", np.array(axes, np.int64))]
+    return make([helper.make_node("Add", ["x", "x"], ["s"]), helper.make_node(op, inputs, ["r"], keepdims=0)],
+                [vi("x", shape, dtype)], [vi("r", out_shape, dtype)], inits, opset=18)
+
+
+# Reductions with fewer outputs than threads are split into chunks whose number depends on the sizes
+# only (aotc/codegen/loops.py), so the bits do not depend on the thread count.
+SPLIT = {
+    "sum_xyz_float32": lambda: reduce_sum_xyz(3_000_001),
+    "max_nan_float32": lambda: _reduce_twice("ReduceMax", TensorProto.FLOAT, [2_000_003], None),
+    "mean_rows_float64": lambda: _reduce_twice("ReduceMean", TensorProto.DOUBLE, [3, 1_000_003], [1]),
+    "sum_cols_int32": lambda: _reduce_twice("ReduceSum", TensorProto.INT32, [1_000_003, 2], [0]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SPLIT))
+def test_split_reductions_identical_bits_on_any_thread_count(tmp_path, case):
+    model = SPLIT[case]()
+    one = aotc.compile(model, out_dir=tmp_path, name="m")
+    assert "_finish(" in (tmp_path / "m_kernels_0.c").read_text(), "the reduction was not split"
+    rng = np.random.default_rng(1)
+    feeds = {}
+    for t in one.inputs:
+        x = rng.standard_normal(t.shape) if t.dtype != np.int32 else rng.integers(-1000, 1000, t.shape)
+        feeds[t.name] = np.asarray(x, t.dtype)
+    if case.startswith("max_nan"):
+        feeds["x"][1_500_000] = np.nan  # in a late chunk: NaN must survive the combine
+    want = one.run(feeds)[0]
+    for threads in (2, 3):
+        got = aotc.load(tmp_path / "m", threads=threads).run(feeds)[0]
+        np.testing.assert_array_equal(got, want, err_msg=f"{case} on {threads} threads")
+    if case.startswith("sum_xyz"):
+        x, y, z = (feeds[k].astype(np.float64) for k in "xyz")
+        ref = np.sum(x + y * z)
+        assert abs(want - ref) <= 1e-6 * np.sum(np.abs(x + y * z))
+        np.testing.assert_allclose(want, ort_run(model, feeds)[0], rtol=1e-4)
+    elif case.startswith("max_nan"):
+        assert np.isnan(want)
+    elif case.startswith("mean_rows"):
+        np.testing.assert_allclose(want, np.mean(2 * feeds["x"], axis=1), rtol=1e-12)
+    else:
+        np.testing.assert_array_equal(want, np.sum(2 * feeds["x"], axis=0, dtype=np.int32))
+
+
+def test_split_reductions_run_clean_under_sanitizers(tmp_path):
+    # The generated test program runs once on one thread, then on two: the partials in scratch.
+    nodes = [helper.make_node("Add", ["x", "x"], ["s"]), helper.make_node("ReduceSum", ["s"], ["r"], keepdims=0),
+             helper.make_node("ReduceMax", ["y", "ax"], ["m"], keepdims=1)]
+    model = make(nodes, [vi("x", [300_001], TensorProto.INT32), vi("y", [2, 200_003])],
+                 [vi("r", [], TensorProto.INT32), vi("m", [2, 1])], [init("ax", np.array([1], np.int64))], opset=18)
+    run_generated_test_under_sanitizers(model, tmp_path)

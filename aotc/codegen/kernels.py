@@ -32,6 +32,7 @@ class KernelSource:
     args: list[tuple[Value, str]]   # (value, "in" | "out"); scratch, if any, comes last
     scratch: bool = False
     notes: list[str] = field(default_factory=list)
+    finish: str | None = None       # a second function (same args), run once after all tasks of fn
 
 
 def _declare(args: list[tuple[Value, str]], names: list[str], scratch: bool) -> str:
@@ -48,16 +49,19 @@ def _declare(args: list[tuple[Value, str]], names: list[str], scratch: bool) -> 
 
 
 def _function(fn: str, k: Kernel, args: list[tuple[Value, str]], names: list[str], body: str,
-              scratch: bool = False, helpers: str = "") -> KernelSource:
-    used = [(a, n) for a, n in zip(args, names, strict=True) if re.search(rf"\b{n}\b", body)]
+              scratch: bool = False, helpers: str = "", finish: str | None = None) -> KernelSource:
+    bodies = {fn: body} if finish is None else {fn: body, f"{fn}_finish": finish}
+    used = [(a, n) for a, n in zip(args, names, strict=True)
+            if any(re.search(rf"\b{n}\b", b) for b in bodies.values())]
     args = [a for a, _ in used]
     names = [n for _, n in used]
-    code = (f"{helpers}/* {k.name}: {' + '.join(k.ops)} */\n"
-            f"void {fn}(void *const *args, size_t task, size_t ntasks) {{\n"
-            f"{_declare(args, names, scratch)}\n"
-            + "  (void)task; (void)ntasks;\n"
-            + "  " + body.replace("\n", "\n  ") + "\n}\n")
-    return KernelSource(fn, code, args, scratch)
+    unused = "".join(f" (void){n};" for n in names) if finish is not None else ""
+    code = f"{helpers}/* {k.name}: {' + '.join(k.ops)} */\n" + "".join(
+        f"void {name}(void *const *args, size_t task, size_t ntasks) {{\n"
+        f"{_declare(args, names, scratch)}\n"
+        + f"  (void)task; (void)ntasks;{unused}\n"
+        + "  " + b.replace("\n", "\n  ") + "\n}\n" for name, b in bodies.items())
+    return KernelSource(fn, code, args, scratch, finish=None if finish is None else f"{fn}_finish")
 
 
 def _external(k: Kernel) -> tuple[list[tuple[Value, str]], list[str], dict[int, str]]:
@@ -122,7 +126,8 @@ def scratch_bytes(k: Kernel, isa: str, ntasks: int) -> int:
 def emit_kernel(k: Kernel, fn: str, isa: str) -> KernelSource:
     if k.kind == "loop":
         args, names, ptrs = _external(k)
-        return _function(fn, k, args, names, emit_loop_kernel(k, ptrs))
+        body, finish = emit_loop_kernel(k, ptrs)
+        return _function(fn, k, args, names, body, scratch=finish is not None, finish=finish)
     if k.kind == "gemm":
         return _emit_gemm(k, fn, isa)
     if k.kind == "conv":

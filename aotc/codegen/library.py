@@ -154,9 +154,11 @@ def generate(graph: Graph, name: str, input_names: list[str], output_names: list
         src = emit_kernel(k, f"{name}_{k.name}", graph.isa)
         lib.kernels.append(src)
         args = [pointer(v) for v, _ in src.args]
-        if src.scratch:
+        if k.index in plan.partials:
+            args.append(f"(void *)(ws + {plan.partials[k.index].offset}) /* partials, shared by the tasks */")
+        elif src.scratch:
             args.append(f"(void *)(ws + {plan.scratch_offset}) /* scratch, one slot per task */")
-        calls.append({"fn": src.fn, "args": args, "name": k.name, "max_tasks": max_tasks(k),
+        calls.append({"fn": src.fn, "finish": src.finish, "args": args, "name": k.name, "max_tasks": max_tasks(k),
                       "comment": comment(f"{k.name}: {' + '.join(k.ops)}", 100)})
 
     common = {"name": name, "version": __version__, "api": API, "profile": profile, "pool": pool,
@@ -175,7 +177,8 @@ def generate(graph: Graph, name: str, input_names: list[str], output_names: list
             **common, file=fname, kernels=[s.code for s in lib.kernels[start:start + KERNELS_PER_FILE]])
     lib.consts_bytes = blob.size
     files[f"{name}_internal.h"] = env().get_template("internal.h.j2").render(
-        **common, has_consts=blob.size > 0, consts_bytes=blob.size, kernels=[s.fn for s in lib.kernels])
+        **common, has_consts=blob.size > 0, consts_bytes=blob.size,
+        kernels=[f for s in lib.kernels for f in (s.fn, s.finish) if f])
     if blob.size:
         files[f"{name}_consts.bin"] = blob.data()
         files[f"{name}_consts.S"] = env().get_template("consts.S.j2").render(**common, symbol=f"{name}_consts")

@@ -9,6 +9,12 @@ flat, vectorizable loop.
 
 Reductions accumulate into LANES independent partial results (combined pairwise at the end): the
 compiler vectorizes that without -ffast-math, and the result does not depend on the target ISA.
+
+A reduction with too few outputs to feed the threads (a full reduction has one) is split into
+chunks of its outermost reduced loop, their number fixed by the sizes alone: tasks take chunks and
+write each one's partial result to a workspace buffer (``scratch`` in the kernel), then a second
+function, run once after all tasks, combines each output's partials in chunk order. The bits never
+depend on the thread count.
 """
 
 from __future__ import annotations
@@ -28,6 +34,11 @@ from aotc.ops.shape import IndexMap, broadcast_view
 from aotc.passes.fuse import Kernel
 
 LANES = 16
+# Split a reduction into chunks when it has fewer outputs than this; chunks hold at least CHUNK
+# reduced elements, at most MAX_CHUNKS per output.
+FEW_OUTPUTS = 16
+CHUNK = 1 << 16
+MAX_CHUNKS = 64
 
 
 @dataclass
@@ -105,8 +116,27 @@ def identity_map(rank: int) -> IndexMap:
     return tuple((d, 1, 0) for d in range(rank))
 
 
-def emit_loop_kernel(k: Kernel, ptrs: dict[int, str]) -> str:
-    """C statements for the kernel body; ``ptrs`` names the pointer of every value in memory."""
+def reduction_chunks(k: Kernel) -> int:
+    """How many chunks each output of ``k``'s reduction is split into; 1: not split."""
+    red = k.reduce
+    if red is None:
+        return 1
+    n_out = red.outputs[0].size
+    if n_out == 0 or n_out >= FEW_OUTPUTS:
+        return 1
+    return max(1, min(MAX_CHUNKS, red.inputs[0].size // n_out // CHUNK))
+
+
+def partials_bytes(k: Kernel) -> int:
+    """Workspace bytes for the partial results of a split reduction (one buffer, shared by the tasks)."""
+    chunks = reduction_chunks(k)
+    assert k.reduce is not None or chunks == 1
+    return 0 if chunks == 1 else k.reduce.outputs[0].size * chunks * 8  # no compute type is wider
+
+
+def emit_loop_kernel(k: Kernel, ptrs: dict[int, str]) -> tuple[str, str | None]:
+    """C statements for the kernel body (``ptrs`` names the pointer of every value in memory) and,
+    for a reduction split into chunks, those of the second phase that combines the chunks."""
     out = k.outputs[0]
     red = k.reduce
     if red is not None:
@@ -168,70 +198,132 @@ def emit_loop_kernel(k: Kernel, ptrs: dict[int, str]) -> str:
         code.append(f"{indent}for (size_t {name} = {lo}; {name} < {hi}; {name}++) {{")
         indent += "  "
 
-    if kept_groups:
-        e0 = ext(kept_groups[0])
-        code.append(f"const size_t lo = (size_t){e0} * task / ntasks, hi = (size_t){e0} * (task + 1) / ntasks;")
-        open_loop(var[kept_groups[0][-1]], "lo", "hi", pragma=len(kept_groups) == 1 and red is None)
-        for j, g in enumerate(kept_groups[1:], start=1):
-            open_loop(var[g[-1]], "0", str(ext(g)), pragma=j == len(kept_groups) - 1 and red is None)
-    else:
-        code.append("if (task != 0) return;")
-        code.append("{")
-        indent = "  "
-    if red is not None:
-        assert rule is not None
-        fmt = {"lowest": lowest(rtype), "highest": highest(rtype), "sqrt": math_fn("sqrt", rtype),
-               "log": math_fn("log", rtype), "exp": math_fn("exp", rtype)}
-        init = rule.init.format(**fmt)
-        n_red = int(np.prod([extents[d] for d in range(n_kept, len(extents))]))
+    def close_loops(to: str = "") -> None:
+        nonlocal indent
+        while len(indent) > len(to):
+            indent = indent[:-2]
+            code.append(indent + "}")
 
-        def combine(a: str, b: str) -> str:
-            return rule.combine.format(a=a, b=b)
-        pre_r = rule.pre.format(x=xv, **fmt)
-        lanes = LANES if red_groups and ext(red_groups[-1]) >= LANES else 1
+    def store_output() -> None:
+        code.extend(indent + s for s in epilogue)
+        code.append(f"{indent}{addr(em.accesses[store])} = {dtypes.store(out.dtype, root_val)};")
+        close_loops()
+
+    def kept_from(flat: str) -> None:
+        """Declares the kept loop variables of output number ``flat`` (C with no operator looser than /)."""
+        inner = 1
+        for g in reversed(kept_groups):
+            v = var[g[-1]]
+            div = f" / {inner}" if inner > 1 else ""
+            code.append(f"{indent}const size_t {v} = {flat}{div} % {ext(g)}; (void){v};")
+            inner *= ext(g)
+
+    def open_kept() -> None:
+        """Loops over this task's share of the kept (output) loops; all on task 0 if there are none."""
+        nonlocal indent
+        if kept_groups:
+            e0 = ext(kept_groups[0])
+            code.append(f"const size_t lo = (size_t){e0} * task / ntasks, hi = (size_t){e0} * (task + 1) / ntasks;")
+            for j, g in enumerate(kept_groups):
+                pragma = j == len(kept_groups) - 1 and red is None
+                open_loop(var[g[-1]], "lo" if j == 0 else "0", "hi" if j == 0 else str(ext(g)), pragma=pragma)
+        else:
+            code.append("if (task != 0) return;")
+            code.append("{")
+            indent = "  "
+
+    if red is None:
+        open_kept()
+        store_output()
+        return "\n".join(code), None
+
+    assert rule is not None
+    fmt = {"lowest": lowest(rtype), "highest": highest(rtype), "sqrt": math_fn("sqrt", rtype),
+           "log": math_fn("log", rtype), "exp": math_fn("exp", rtype)}
+    init = rule.init.format(**fmt)
+    n_red = int(np.prod([extents[d] for d in range(n_kept, len(extents))]))
+    pre_r = rule.pre.format(x=xv, **fmt)
+    lanes = LANES if red_groups and ext(red_groups[-1]) >= LANES else 1
+
+    def combine(a: str, b: str) -> str:
+        return rule.combine.format(a=a, b=b)
+
+    def result(acc: str) -> str:
+        post = rule.post.format(acc=acc, n=c_literal(n_red, rtype), **fmt)
+        return f"const {rtype} red = {dtypes.round_to(red.outputs[0].dtype, post)};"
+
+    def accumulate(lo: str, hi: str) -> None:
+        """Reduces into acc[0], the outermost reduced loop running from ``lo`` to ``hi``."""
+        nonlocal indent
         code.append(f"{indent}{rtype} acc[{lanes}];")
         code.append(f"{indent}for (size_t l = 0; l < {lanes}; l++) acc[l] = {init};")
         outer_indent = indent
-        for g in red_groups[:-1]:
-            open_loop(var[g[-1]], "0", str(ext(g)))
+        for j, g in enumerate(red_groups[:-1]):
+            open_loop(var[g[-1]], lo if j == 0 else "0", hi if j == 0 else str(ext(g)))
         inner = [indent + "  " + s for s in body]
         if red_groups:
-            rv, e = var[red_groups[-1][-1]], ext(red_groups[-1])
+            rv = var[red_groups[-1][-1]]
+            start, e = (lo, hi) if len(red_groups) == 1 else ("0", str(ext(red_groups[-1])))
             if lanes > 1:
-                code.append(f"{indent}size_t {rv}b = 0;")
+                code.append(f"{indent}size_t {rv}b = {start};")
                 code.append(f"{indent}for (; {rv}b + {lanes} <= {e}; {rv}b += {lanes}) {{")
                 code.append(f"{indent}  for (size_t l = 0; l < {lanes}; l++) {{")
                 code.append(f"{indent}    const size_t {rv} = {rv}b + l;")
-                code += ["  " + s for s in inner]
+                code.extend("  " + s for s in inner)
                 code.append(f"{indent}    acc[l] = {combine('acc[l]', pre_r)};")
                 code.append(f"{indent}  }}")
                 code.append(f"{indent}}}")
                 code.append(f"{indent}for (; {rv}b < {e}; {rv}b++) {{")
             else:
-                code.append(f"{indent}for (size_t {rv}b = 0; {rv}b < {e}; {rv}b++) {{")
+                code.append(f"{indent}for (size_t {rv}b = {start}; {rv}b < {e}; {rv}b++) {{")
             code.append(f"{indent}  const size_t {rv} = {rv}b;")
-            code += inner
+            code.extend(inner)
             code.append(f"{indent}  acc[0] = {combine('acc[0]', pre_r)};")
             code.append(f"{indent}}}")
         else:
-            code += [indent + s for s in body]
+            code.extend(indent + s for s in body)
             code.append(f"{indent}acc[0] = {combine('acc[0]', pre_r)};")
-        for _ in red_groups[:-1]:
-            indent = indent[:-2]
-            code.append(indent + "}")
-        indent = outer_indent
+        close_loops(outer_indent)
         w = lanes // 2
         while w >= 1:
             code.append(f"{indent}for (size_t l = 0; l < {w}; l++) acc[l] = {combine('acc[l]', f'acc[l + {w}]')};")
             w //= 2
-        post = rule.post.format(acc="acc[0]", n=c_literal(n_red, rtype), **fmt)
-        code.append(f"{indent}const {rtype} red = {dtypes.round_to(red.outputs[0].dtype, post)};")
-    code += [indent + s for s in epilogue]
-    code.append(f"{indent}{addr(em.accesses[store])} = {dtypes.store(out.dtype, root_val)};")
-    while indent:
-        indent = indent[:-2]
-        code.append(indent + "}")
-    return "\n".join(code)
+
+    chunks = reduction_chunks(k)
+    if chunks == 1:
+        open_kept()
+        accumulate("0", str(ext(red_groups[0])) if red_groups else "1")
+        code.append(indent + result("acc[0]"))
+        store_output()
+        return "\n".join(code), None
+
+    # Chunk c of output o is work item w = o * chunks + c; its partial result goes to part[w].
+    n_out = red.outputs[0].size
+    e0 = ext(red_groups[0])
+    step = -(-e0 // chunks)
+    if len(red_groups) == 1:  # chunks start on whole lane groups
+        step = -(-step // lanes) * lanes
+    chunks = -(-e0 // step)
+    total = n_out * chunks
+    code.append(f"const size_t lo = (size_t){total} * task / ntasks, hi = (size_t){total} * (task + 1) / ntasks;")
+    code.append(f"{rtype} *restrict part = ({rtype} *)scratch;")
+    open_loop("w", "lo", "hi")
+    kept_from(f"w / {chunks}")
+    code.append(f"{indent}const size_t rlo = {step} * (w % {chunks}), "
+                f"rhi = (rlo + {step} < {e0}) ? rlo + {step} : {e0};")
+    accumulate("rlo", "rhi")
+    code.append(f"{indent}part[w] = acc[0];")
+    close_loops()
+    partials = "\n".join(code)
+
+    code = [f"const {rtype} *restrict part = (const {rtype} *)scratch;"]
+    open_loop("o", "0", str(n_out))
+    kept_from("o")
+    code.append(f"{indent}{rtype} acc = part[o * {chunks}];")
+    code.append(f"{indent}for (size_t c = 1; c < {chunks}; c++) acc = {combine('acc', f'part[o * {chunks} + c]')};")
+    code.append(indent + result("acc"))
+    store_output()
+    return partials, "\n".join(code)
 
 
 def _collapse(extents: list[int], n_kept: int, accesses: list[Access]) -> list[list[int]]:

@@ -7,7 +7,9 @@ it replaces.
 
 Kernel scratch (e.g. GEMM packing buffers) is needed only while its kernel runs, once per task. It
 lives after the tensors: one slot per thread, each as large as the largest per-task scratch, so the
-workspace for ``n`` threads is ``scratch_offset + n * scratch_per_task`` bytes.
+workspace for ``n`` threads is ``scratch_offset + n * scratch_per_task`` bytes. The partial results
+of a reduction split into chunks (aotc/codegen/loops.py) are shared by its tasks: they are placed
+like a tensor that lives while its kernel runs.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class Buffer:
 class MemoryPlan:
     buffers: dict[int, Buffer] = field(default_factory=dict)   # id(root value) -> buffer
     scratch: dict[int, Buffer] = field(default_factory=dict)   # kernel index -> its per-task scratch
+    partials: dict[int, Buffer] = field(default_factory=dict)  # kernel index -> its chunks' partials
     scratch_offset: int = 0      # where the per-thread scratch slots start
     scratch_per_task: int = 0    # bytes per slot
 
@@ -50,7 +53,7 @@ class MemoryPlan:
 
     @property
     def intermediate_bytes(self) -> int:
-        return sum(b.size for b in self.buffers.values()) + sum(b.size for b in self.scratch.values())
+        return sum(b.size for b in (*self.buffers.values(), *self.scratch.values(), *self.partials.values()))
 
     def summary(self) -> str:
         return (f"workspace {self.workspace_bytes} bytes for {len(self.buffers)} intermediates "
@@ -59,6 +62,7 @@ class MemoryPlan:
 
 def plan_memory(graph: Graph) -> bool:
     from aotc.codegen.kernels import scratch_bytes
+    from aotc.codegen.loops import partials_bytes
 
     plan = MemoryPlan()
     outputs = {id(storage_root(v)) for v in graph.outputs}
@@ -77,9 +81,12 @@ def plan_memory(graph: Graph) -> bool:
         size = scratch_bytes(k, graph.isa, 1)
         if size:
             plan.scratch[k.index] = Buffer(f"scratch_{k.name}", _align(size), k.index, k.index)
+        size = partials_bytes(k) if k.kind == "loop" else 0
+        if size:
+            plan.partials[k.index] = Buffer(f"partials_{k.name}", _align(size), k.index, k.index)
 
     placed: list[Buffer] = []
-    for b in sorted(plan.buffers.values(), key=lambda b: (-b.size, b.first, b.name)):
+    for b in sorted([*plan.buffers.values(), *plan.partials.values()], key=lambda b: (-b.size, b.first, b.name)):
         busy = sorted((p.offset, p.offset + p.size) for p in placed
                       if p.first <= b.last and b.first <= p.last)
         offset = 0
