@@ -188,6 +188,13 @@ def make_feeds(case: Case, names: dict[str, str] | None = None) -> dict[str, np.
     return {names.get(k, k): random_input(v, rng) for k, v in case.inputs.items()}
 
 
+def build_model_and_feeds(cases: Sequence[Case]) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """``build_model`` of the cases, and every case's random feeds under the model's names."""
+    model, maps = build_model(cases)
+    feeds = {names[k]: v for c, names in zip(cases, maps, strict=True) for k, v in make_feeds(c).items()}
+    return model, feeds
+
+
 def run_ort(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     import onnxruntime as ort
 

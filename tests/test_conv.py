@@ -18,8 +18,8 @@ from onnx_helpers import (
     add_cases,
     assert_close,
     build_model,
+    build_model_and_feeds,
     chunk_groups,
-    make_feeds,
     run_generated_test_under_sanitizers,
     run_ort,
     single,
@@ -364,8 +364,7 @@ def test_conv_threads_bit_identical(tmp_path) -> None:
              single("generic", "Conv", [Inp((1, 8, 12, 12)), Inp((16, 8, 3, 3))]),
              single("convt", "ConvTranspose", [Inp((1, 8, 10, 10)), w(8, 8, 3, 3)], {"strides": [2, 2]}),
              single("pool", "MaxPool", [Inp((1, 64, 24, 24))], {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]})]
-    model, maps = build_model(cases)
-    feeds = {names[k]: v for c, names in zip(cases, maps, strict=True) for k, v in make_feeds(c).items()}
+    model, feeds = build_model_and_feeds(cases)
     result = compile_model(model, tmp_path, "t")
     one = aotc.load(result.prefix).run(feeds)
     three = aotc.load(result.prefix, threads=3).run(feeds)
@@ -384,8 +383,7 @@ def test_conv_portable_target(tmp_path, target: str) -> None:
              single("dw_rows", "Conv", [Inp((1, 2, 66, 65)), w(2, 1, 3, 3)], {"group": 2, "pads": [1, 1, 1, 1]},
                     **tol(9)),
              single("pool", "AveragePool", [Inp((1, 2, 7, 7))], {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]})]
-    model, maps = build_model(cases)
-    feeds = {names[k]: v for c, names in zip(cases, maps, strict=True) for k, v in make_feeds(c).items()}
+    model, feeds = build_model_and_feeds(cases)
     want = run_ort(model, feeds)
     got = aotc.load(compile_model(model, tmp_path, "t", target_cpu=target).prefix).run(feeds)
     for c, g, wv in zip(cases, got, want, strict=True):

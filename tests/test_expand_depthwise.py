@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from onnx import helper
-from onnx_helpers import Case, Inp, assert_close, build_model, make_feeds, run_generated_test_under_sanitizers, run_ort
+from onnx_helpers import Case, Inp, assert_close, build_model_and_feeds, run_generated_test_under_sanitizers, run_ort
 
 import aotc
 from aotc.compiler import compile_model
@@ -56,17 +56,11 @@ CASES = [
 ]
 
 
-def _model_and_feeds(cases: list[Case]):
-    model, maps = build_model(cases)
-    feeds = {names[k]: v for c, names in zip(cases, maps, strict=True) for k, v in make_feeds(c).items()}
-    return model, feeds
-
-
 @pytest.mark.parametrize("target", ["native", "generic"])
 def test_fused_blocks_match_onnxruntime(tmp_path, target: str) -> None:
     """Every case runs as one kernel and matches onnxruntime, on 1 and 3 threads with the same bits;
     "generic" builds the 4-lane vector code."""
-    model, feeds = _model_and_feeds(CASES)
+    model, feeds = build_model_and_feeds(CASES)
     result = compile_model(model, tmp_path, "t", target_cpu=target)
     lib = aotc.load(result.prefix)
     assert lib.num_kernels == len(CASES), "a pair was not fused"
@@ -89,7 +83,7 @@ def test_pairs_that_do_not_fuse(tmp_path) -> None:
     shared.nodes.append(helper.make_node("Relu", ["ec"], ["r"]))
     shared.outputs = ["y", "r"]
     cases = [narrow, big, fetched, shared]
-    model, feeds = _model_and_feeds(cases)
+    model, feeds = build_model_and_feeds(cases)
     result = compile_model(model, tmp_path, "t")
     lib = aotc.load(result.prefix)
     assert lib.num_kernels == 9  # two conv kernels per case, plus the Relu
@@ -101,5 +95,5 @@ def test_pairs_that_do_not_fuse(tmp_path) -> None:
 def test_fused_sanitizers_run_clean(tmp_path) -> None:
     """The per-task expanded planes and phase buffers, partial channel blocks, the overlapping last
     tile, under ASan and UBSan (1 and 2 threads)."""
-    model, _ = _model_and_feeds([CASES[1], CASES[2]])
+    model, _ = build_model_and_feeds([CASES[1], CASES[2]])
     run_generated_test_under_sanitizers(model, tmp_path)

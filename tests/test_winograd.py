@@ -9,7 +9,7 @@ import re
 import numpy as np
 import pytest
 from onnx import helper
-from onnx_helpers import Case, Inp, assert_close, build_model, make_feeds, run_generated_test_under_sanitizers, run_ort
+from onnx_helpers import Case, Inp, assert_close, build_model_and_feeds, run_generated_test_under_sanitizers, run_ort
 
 import aotc
 from aotc.compiler import compile_model
@@ -89,17 +89,11 @@ CASES = [
 ]
 
 
-def _model_and_feeds(cases: list[Case]):
-    model, maps = build_model(cases)
-    feeds = {names[k]: v for c, names in zip(cases, maps, strict=True) for k, v in make_feeds(c).items()}
-    return model, feeds
-
-
 @pytest.mark.parametrize("target", ["native", "generic"])
 def test_winograd_convs_match_onnxruntime(tmp_path, target: str) -> None:
     """Every case takes the Winograd path (checked) and matches onnxruntime, on 1 and 3 threads with
     the same bits; "generic" builds the 4-lane vector code."""
-    model, feeds = _model_and_feeds(CASES)
+    model, feeds = build_model_and_feeds(CASES)
     result = compile_model(model, tmp_path, "t", target_cpu=target)
     source = "".join(p.read_text() for p in tmp_path.glob("t_kernels_*.c"))
     kernels = set(re.findall(r"void (\w+)_wg_mk\d+\(", source))
@@ -115,5 +109,5 @@ def test_winograd_convs_match_onnxruntime(tmp_path, target: str) -> None:
 def test_winograd_sanitizers_run_clean(tmp_path) -> None:
     """The padded row copies, the vectors of tiles that spill past a row, and the scratch slices,
     under ASan and UBSan (1 and 2 threads)."""
-    model, _ = _model_and_feeds([CASES[1], CASES[2], CASES[6]])
+    model, _ = build_model_and_feeds([CASES[1], CASES[2], CASES[6]])
     run_generated_test_under_sanitizers(model, tmp_path)
