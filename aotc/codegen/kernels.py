@@ -313,10 +313,7 @@ def _emit_expand_depthwise(k: Kernel, fn: str, isa: str, args: list[tuple[Value,
     ex, dw = k.expand, k.conv
     assert ex is not None and dw is not None
     ge, gd = conv_ops.geometry(ex), conv_ops.geometry(dw)
-    eb = ex.inputs[2] if len(ex.inputs) > 2 else None
-    mb = conv_ops.rows_plan(ge, isa)
-    assert mb is not None
-    arr = conv_ops.pack_rows_weights(ex.inputs[1].const, None if eb is None else eb.const, ge, mb[0])
+    arr = expand_depthwise.pack_weights(ex, isa)
     args.append((Graph.constant(arr, f"{ex.inputs[1].name}_packed"), "in"))
     names.append("in_packed")
     epi_e = _conv_epilogue(k, ptrs, ex.outputs[0], dw.inputs[0])

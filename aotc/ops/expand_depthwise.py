@@ -28,6 +28,7 @@ from aotc.ops.conv import (
     _use_phase,
     bcast_tile_kernel,
     geometry,
+    pack_rows_weights,
     phase_unit,
     rows_plan,
 )
@@ -61,6 +62,12 @@ def _plan(ge: Geometry, isa: str) -> tuple[int, int, int]:
     return plan
 
 
+def pack_weights(expand: Node, isa: str) -> np.ndarray:
+    """The 1x1 conv's weights and bias in the layout ``kernel``'s register tile reads."""
+    ge, b = geometry(expand), expand.inputs[2] if len(expand.inputs) > 2 else None
+    return pack_rows_weights(expand.inputs[1].const, None if b is None else b.const, ge, _plan(ge, isa)[0])
+
+
 def _expanded_floats(ge: Geometry, isa: str) -> int:
     """Scratch floats of one unit's expanded planes (MB of them), a multiple of 16."""
     return (_plan(ge, isa)[0] * ge.out_size + 15) // 16 * 16
@@ -75,7 +82,7 @@ def scratch_floats(ge: Geometry, gd: Geometry, isa: str) -> int:
 def kernel(ge: Geometry, gd: Geometry, x: str, packed: str, wd: str, bd: str | None, y: str, isa: str,
            epi_e: Epilogue | None, epi_d: Epilogue | None, fn: str) -> tuple[str, str]:
     """(helpers, body): units are (image, block of MB expanded channels). ``packed`` is
-    ``pack_rows_weights`` of the expand conv; ``wd``/``bd`` the depthwise weights and bias;
+    ``pack_weights`` of the expand conv; ``wd``/``bd`` the depthwise weights and bias;
     ``epi_e``/``epi_d`` the two convs' epilogues (both see the channel as ``c``)."""
     mb, nv, lanes = _plan(ge, isa)
     pv = nv * lanes

@@ -22,6 +22,7 @@ import numpy as np
 
 from aotc.ir.graph import Graph, Node, Value
 from aotc.ops import OPS
+from aotc.ops.expand_depthwise import fusable
 
 
 @dataclass(eq=False)
@@ -124,8 +125,6 @@ def _fuse_expand_depthwise(kernels: list[Kernel], users: dict[int, list[Node]],
     """Merge each expanding 1x1 conv kernel into the depthwise conv kernel that alone reads its
     output. The 1x1 kernel's epilogue must read nothing but constants: the fused kernel has no
     buffer for another tensor at the expanded shape."""
-    from aotc.ops.expand_depthwise import fusable
-
     by_output = {id(k.root.outputs[0]): k for k in kernels if k.kind == "conv" and len(k.root.outputs) == 1}
     merged: set[int] = set()
     for k in kernels:
