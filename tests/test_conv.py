@@ -354,6 +354,7 @@ def test_conv_threads_bit_identical(tmp_path) -> None:
                     {"pads": [1, 2, 1, 0], "strides": [2, 2]}),
              single("rows", "Conv", [Inp((1, 32, 12, 12)), w(40, 32, 1, 1), w(40)]),
              single("pointwise", "Conv", [Inp((1, 160, 17, 15)), w(40, 160, 1, 1), w(40)]),
+             single("pointwise_7x7", "Conv", [Inp((1, 96, 7, 7)), w(32, 96, 1, 1), w(32)]),
              single("dw", "Conv", [Inp((1, 32, 20, 20)), w(32, 1, 3, 3)], {"group": 32, "pads": [1, 1, 1, 1]}),
              single("dw_rows", "Conv", [Inp((1, 8, 70, 66)), w(8, 1, 3, 3)], {"group": 8, "pads": [1, 1, 1, 1]}),
              # Double-buffered phase planes: a task's last unit prefetches nothing past its range.
@@ -406,6 +407,9 @@ def test_conv_paths_sanitizers_run_clean(tmp_path) -> None:
              single("rows", "Conv", [Inp((1, 32, 12, 12)), w(40, 32, 1, 1), w(40)]),
              # Channels in the lanes: input-channel blocks, a partial last tile and 8x8 block.
              single("pointwise", "Conv", [Inp((1, 150, 9, 11)), w(19, 150, 1, 1), w(19)]),
+             # Tails of one and two positions, run as two shorter tiles (7x7: 7 x 6 + 4 + 3; 2x4: 4 + 4).
+             single("pointwise_7x7", "Conv", [Inp((2, 40, 7, 7)), w(16, 40, 1, 1), w(16)]),
+             single("pointwise_8", "Conv", [Inp((1, 48, 2, 4)), w(16, 48, 1, 1)]),
              single("dw_s2", "Conv", [Inp((1, 3, 41, 37)), w(3, 1, 3, 3)],
                     {"group": 3, "pads": [1, 1, 1, 1], "strides": [2, 2]}),
              single("dw_s2_nopad", "Conv", [Inp((1, 2, 40, 35)), w(2, 1, 3, 3)], {"group": 2, "strides": [2, 2]}),
