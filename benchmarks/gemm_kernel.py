@@ -96,16 +96,6 @@ def _aligned(n: int) -> np.ndarray:
     return raw[off:off + n]
 
 
-# What the pool template needs from a model header: the aotc_parallel interface.
-POOL_HEADER = """#include <stddef.h>
-typedef struct aotc_parallel {
-  void (*run)(void *ctx, size_t n, void (*fn)(void *arg, size_t t), void *arg);
-  void *ctx;
-  size_t num_threads;
-} aotc_parallel;
-"""
-
-
 def _build(specs: list[GemmSpec], cflags: list[str], workdir: Path) -> tuple[cffi.FFI, object]:
     """One library: every kernel, a C timing loop per kernel (ntasks tasks per call, on the pool when
     ntasks > 1), and the bundled pool rendered as bench_pool_create."""
@@ -123,9 +113,11 @@ def _build(specs: list[GemmSpec], cflags: list[str], workdir: Path) -> tuple[cff
                      f"    for (size_t it = 0; it < iters; ++it) {{\n"
                      f"        if (ntasks > 1) par->run(par->ctx, ntasks, task_{s.fn}, &j);\n"
                      f"        else task_{s.fn}(&j, 0);\n    }}\n}}\n")
-    (workdir / "bench.h").write_text(POOL_HEADER)
-    pool = jinja2.Template((templates_dir() / "pool.c.j2").read_text(), keep_trailing_newline=True)
-    (workdir / "bench_pool.c").write_text(pool.render(name="bench", version="benchmark", api=""))
+    # The pool needs from a model header only the aotc_parallel interface, which has one template.
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates_dir())), keep_trailing_newline=True)
+    (workdir / "bench.h").write_text("#include <stddef.h>\n" + env.get_template("parallel.h.j2").render())
+    (workdir / "bench_pool.c").write_text(env.get_template("pool.c.j2").render(name="bench", version="benchmark",
+                                                                             api=""))
     src = workdir / "bench_gemm.c"
     lib = workdir / "bench_gemm.so"
     src.write_text("\n".join(parts))

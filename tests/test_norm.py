@@ -200,6 +200,10 @@ def test_layernorm_fuses_producer_chain(tmp_path) -> None:
     assert fused["ya"] == ["Gelu", "LayerNormalization"], fused
     assert fused["yb"] == ["Transpose", "Add", "Relu", "LayerNormalization"], fused
     assert fused["yc"] == ["LayerNormalization"], fused  # c1 is also read by c2
+    # The GELU's input is read row by row, so its row kernel prefetches the row ahead of it.
+    src = "".join(p.read_text() for p in tmp_path.glob("f_kernels_*.c"))
+    gelu_ln = src[src.index("void f_k0_gelu_layernormalization("):src.index("void f_k1_")]
+    assert "__builtin_prefetch(" in gelu_ln
     feeds = {k: (R.standard_normal(s) * 2).astype(np.float32) for k, s in (("a", (64, 256)), ("b", (4, 6, 8)),
                                                                            ("c", (3, 5, 16)))}
     got = aotc.load(res.prefix).run(feeds)

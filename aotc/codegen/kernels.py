@@ -298,10 +298,10 @@ def _emit_conv(k: Kernel, fn: str, isa: str) -> KernelSource:
     if path in ("tiled", "rows", "winograd"):  # weights packed at compile time into the kernel's layout
         g = conv_ops.geometry(node)
         bc = None if b is None else b.const
-        rows = conv_ops.rows_plan(g, isa)
+        rows = conv_ops.rows_plan(g, isa) if path == "rows" else None
         if path == "winograd":
             arr = winograd.pack_winograd_weights(w.const, bc, g, winograd.winograd_plan(g, isa))
-        elif path == "rows" and rows:
+        elif rows is not None:
             arr = conv_ops.pack_rows_weights(w.const, bc, g, rows[0])
         else:
             arr = conv_ops.pack_conv_weights(w.const, bc, g, conv_ops.tile_plan(g, isa))

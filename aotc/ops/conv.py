@@ -833,9 +833,7 @@ def _pointwise_conv(g: Geometry, x: str, packed: str, y: str, isa: str, epi: Epi
         return mk
 
     helpers = [vec["include"], *micro(R), *(ln for r_ in sorted(set(tail)) for ln in micro(r_)), _transpose8(fn)]
-    tail_calls = []
-    for r_ in tail:
-        tail_calls.append(f"    {fn}_r{r_}(xk + p, kn, wk, init + p * is, is, acc + p * {cb}); p += {r_};")
+    tail_calls = [f"    {fn}_r{r_}(xk + p, kn, wk, init + p * is, is, acc + p * {cb}); p += {r_};" for r_ in tail]
     units = g.n * g.group * nch * nb
     body = [f"const size_t blk = t % {nb}, ch = t / {nb} % {nch}, grp = t / {nb * nch} % {g.group}, "
             f"n = t / {nb * nch * g.group};",
