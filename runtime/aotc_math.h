@@ -99,6 +99,37 @@ AOTC_MATH_INLINE float aotc__mul_err(float a, float b, float p)
 #endif
 }
 
+/* ---- clamp --------------------------------------------------------------- */
+
+/* 1.0f, defined in the model's .c: the kernels cannot see its value, so they cannot fold bounds
+   scaled by it, and as a const no store can change it, so loops load it once. */
+#if defined(__GNUC__) || defined(__clang__)
+extern __attribute__((visibility("hidden"))) const float aotc__one;
+#define AOTC__ONE aotc__one
+#else
+#define AOTC__ONE 1.0f
+#endif
+
+/* min(max(x, lo), hi), as Clip defines it (hi wins when lo > hi); NaN stays NaN.  With both
+   bounds known constants, GCC merges the two selects into three compares, a mask and two
+   blends per vector; bounds scaled by an opaque (exact) 1 keep them apart, and each select
+   becomes one IEEE max or min instruction. */
+AOTC_MATH_INLINE float aotc_clampf(float x, float lo, float hi)
+{
+    lo *= AOTC__ONE;
+    hi *= AOTC__ONE;
+    const float t = x < lo ? lo : x;
+    return t > hi ? hi : t;
+}
+
+AOTC_MATH_INLINE double aotc_clamp(double x, double lo, double hi)
+{
+    lo *= (double)AOTC__ONE;
+    hi *= (double)AOTC__ONE;
+    const double t = x < lo ? lo : x;
+    return t > hi ? hi : t;
+}
+
 /* ---- exp ----------------------------------------------------------------- */
 
 /*

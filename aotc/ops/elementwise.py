@@ -137,11 +137,23 @@ ew("Celu", lambda n, x, t:
    f"{_attr_f('alpha', 1.0)(n, t)}) - 1) : {x[0]})")
 
 
-def _clamp01(e: str, t: str) -> str:
+_CLAMP = {"float": "aotc_clampf", "double": "aotc_clamp"}  # runtime/aotc_math.h: one max, one min
+
+
+def _clamp(e: str, lo: str | None, hi: str | None, t: str) -> str:
     # Clamp below, then clamp that (as Clip does): both comparisons always run, which compilers turn
     # into vector selects more readily than the nested form's compare on one branch. NaN stays NaN.
-    lo = f"({e} < 0 ? {c_literal(0, t)} : {e})"
-    return f"({lo} > 1 ? {c_literal(1, t)} : {lo})"
+    if lo is not None and hi is not None and t in _CLAMP:
+        return f"{_CLAMP[t]}({e}, {lo}, {hi})"
+    if lo is not None:
+        e = f"({e} < {lo} ? {lo} : {e})"
+    if hi is not None:
+        e = f"({e} > {hi} ? {hi} : {e})"
+    return e
+
+
+def _clamp01(e: str, t: str) -> str:
+    return _clamp(e, c_literal(0, t), c_literal(1, t), t)
 
 
 ew("HardSigmoid", lambda n, x, t:
@@ -175,11 +187,7 @@ def _clip(node: Node, x: list[str], t: str) -> str:
         lo = c_literal(node.attrs["min"], t)
     if "max" in node.attrs:
         hi = c_literal(node.attrs["max"], t)
-    if lo is not None:
-        e = f"({e} < {lo} ? {lo} : {e})"
-    if hi is not None:
-        e = f"({e} > {hi} ? {hi} : {e})"
-    return e
+    return _clamp(e, lo, hi, t)
 
 
 def _clip_infer(node: Node):

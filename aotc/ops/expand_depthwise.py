@@ -19,6 +19,7 @@ import numpy as np
 from aotc.ir.graph import Node
 from aotc.ops.conv import (
     _VEC,
+    WRITE_OUT,
     Epilogue,
     Geometry,
     _block_count,
@@ -113,6 +114,7 @@ def kernel(ge: Geometry, gd: Geometry, x: str, packed: str, wd: str, bd: str | N
             "    for (size_t i = 0; i < cn; i++) {",
             "      const size_t c = c0 + i; (void)c;",
             f"      float *restrict er = E + i * {IS} + sb;",
+            f"      {WRITE_OUT}",
             f"      for (size_t j = 0; j < {pv}; j++) {{",
             *(["        const size_t s = sb + j; (void)s;"] if epi_e else []),
             f"        float v = tile[i * {pv} + j];",
