@@ -101,12 +101,10 @@ AOTC_MATH_INLINE float aotc__mul_err(float a, float b, float p)
 
 /* ---- clamp --------------------------------------------------------------- */
 
-/* 1.0f, defined in the model's .c: the kernels cannot see its value, so they cannot fold bounds
-   scaled by it, and as a const no store can change it, so loops load it once. */
-#if defined(__GNUC__) || defined(__clang__)
-extern __attribute__((visibility("hidden"))) const float aotc__one;
-#define AOTC__ONE aotc__one
-#else
+/* An exact 1 the compiler cannot see: a generated library defines AOTC__ONE as a const it
+   defines in another translation unit (const, so no store can change it and loops load it once).
+   Elsewhere it is plain 1.0f, and clamps fold as usual. */
+#ifndef AOTC__ONE
 #define AOTC__ONE 1.0f
 #endif
 
