@@ -143,6 +143,7 @@ _CLAMP = {"float": "aotc_clampf", "double": "aotc_clamp"}  # runtime/aotc_math.h
 def _clamp(e: str, lo: str | None, hi: str | None, t: str) -> str:
     # Clamp below, then clamp that (as Clip does): both comparisons always run, which compilers turn
     # into vector selects more readily than the nested form's compare on one branch. NaN stays NaN.
+    # Both float bounds: the runtime's clamp, which keeps GCC from merging the two selects.
     if lo is not None and hi is not None and t in _CLAMP:
         return f"{_CLAMP[t]}({e}, {lo}, {hi})"
     if lo is not None:
