@@ -37,12 +37,11 @@ import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import cffi  # noqa: E402
-import jinja2  # noqa: E402
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from aotc.codegen.gemm import ISAS, GemmSpec, pack_b, plan_gemm, render_gemm, scratch_bytes  # noqa: E402
-from aotc.resources import templates_dir  # noqa: E402
+from aotc.codegen.library import env  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,10 +113,9 @@ def _build(specs: list[GemmSpec], cflags: list[str], workdir: Path) -> tuple[cff
                      f"        if (ntasks > 1) par->run(par->ctx, ntasks, task_{s.fn}, &j);\n"
                      f"        else task_{s.fn}(&j, 0);\n    }}\n}}\n")
     # The pool needs from a model header only the aotc_parallel interface, which has one template.
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates_dir())), keep_trailing_newline=True)
-    (workdir / "bench.h").write_text("#include <stddef.h>\n" + env.get_template("parallel.h.j2").render())
-    (workdir / "bench_pool.c").write_text(env.get_template("pool.c.j2").render(name="bench", version="benchmark",
-                                                                             api=""))
+    (workdir / "bench.h").write_text("#include <stddef.h>\n" + env().get_template("parallel.h.j2").render())
+    (workdir / "bench_pool.c").write_text(env().get_template("pool.c.j2").render(name="bench", version="benchmark",
+                                                                               api=""))
     src = workdir / "bench_gemm.c"
     lib = workdir / "bench_gemm.so"
     src.write_text("\n".join(parts))

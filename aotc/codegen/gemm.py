@@ -67,15 +67,15 @@ class IsaParams:
 # 32 zmm; neon 8x12 = 24 of 32 q registers; generic 4x8 with 16-byte vectors, which every target handles
 # (SSE2, NEON, or a scalar fallback).  avx2 values were checked on Zen 3 (benchmarks/gemm_kernel.py); the
 # others follow the same rules but are untuned.
-# A of at most this many bytes is read in place rather than packed when tasks split columns (half of L2).
-A_IN_PLACE_BYTES = 256 * 1024
-
 ISAS: dict[str, IsaParams] = {
     "avx2": IsaParams("avx2", lanes=8, mr=6, nv=2, acc_budget=12, kc=256, mc=120, nc=3072),
     "avx512": IsaParams("avx512", lanes=16, mr=12, nv=2, acc_budget=24, kc=128, mc=240, nc=3072),
     "neon": IsaParams("neon", lanes=4, mr=8, nv=3, acc_budget=24, kc=256, mc=128, nc=3072),
     "generic": IsaParams("generic", lanes=4, mr=4, nv=2, acc_budget=8, kc=256, mc=128, nc=3072),
 }
+
+# A of at most this many bytes is read in place rather than packed when tasks split columns (half of L2).
+A_IN_PLACE_BYTES = 256 * 1024
 
 
 @dataclass(frozen=True)
@@ -179,9 +179,8 @@ def plan_gemm(spec: GemmSpec) -> GemmPlan:
     # element is read once or twice anyway, so the kernel reads A in place.  So it does when tasks split
     # columns, all of M is one block and A fits in half of L2 (the MLP layers at batch 64): A stays in L2
     # either way, and every task would pack the same A again (2.3% of the 64x784x512 layer on 2 threads).
-    pack_a = not small_m and nslabs > 2
-    if pack_a and not split_m and spec.m <= mc and spec.m * spec.k * 4 <= A_IN_PLACE_BYTES:
-        pack_a = False
+    shared_a = not split_m and spec.m <= mc and spec.m * spec.k * 4 <= A_IN_PLACE_BYTES
+    pack_a = not small_m and nslabs > 2 and not shared_a
     a_floats = mc * kc if pack_a else 0
     if spec.b_const:
         b_floats = 0

@@ -304,6 +304,7 @@ def emit_loop_kernel(k: Kernel, ptrs: dict[int, str]) -> tuple[str, str | None]:
     if len(red_groups) == 1:  # chunks start on whole lane groups
         step = -(-step // lanes) * lanes
     chunks = -(-e0 // step)
+    assert chunks <= reduction_chunks(k), "partials_bytes sized the buffer for reduction_chunks"
     total = n_out * chunks
     code.append(f"const size_t lo = (size_t){total} * task / ntasks, hi = (size_t){total} * (task + 1) / ntasks;")
     code.append(f"{rtype} *restrict part = ({rtype} *)scratch;")

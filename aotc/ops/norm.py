@@ -31,9 +31,12 @@ LONG_ROW_BYTES = 1024
 PREFETCH_BYTES = 4096
 
 
+def _size(ctype: str) -> int:
+    return 8 if ctype == "double" else 4
+
+
 def _lanes(ctype: str, n: int) -> int:
-    size = 8 if ctype == "double" else 4
-    return 256 // size if n * size >= LONG_ROW_BYTES else LANES
+    return 256 // _size(ctype) if n * _size(ctype) >= LONG_ROW_BYTES else LANES
 
 
 def _x(node: Node) -> Value:
@@ -117,12 +120,11 @@ def _row_kernel(ctype: str, rows: int, n: int, blocks: int, eps: float, x: str, 
 def _prefetch(ctype: str, n: int, streams: list[tuple[str, int]]) -> list[str]:
     """Statements prefetching, for each (row 0 pointer, row stride) stream, the row PREFETCH_BYTES
     ahead of row ``r`` if this task computes it (so a prefetch never leaves its tensor)."""
-    size = 8 if ctype == "double" else 4
-    ahead = max(1, PREFETCH_BYTES // (n * size)) if n else 1
+    ahead = max(1, PREFETCH_BYTES // (n * _size(ctype))) if n else 1
     lines = [f"    __builtin_prefetch({ptr} + (r + {ahead}) * {stride} + q);" for ptr, stride in streams]
     if not lines:
         return []
-    return [f"if (r + {ahead} < r1)", f"  for (size_t q = 0; q < {n}; q += {64 // size}) {{", *lines, "  }"]
+    return [f"if (r + {ahead} < r1)", f"  for (size_t q = 0; q < {n}; q += {64 // _size(ctype)}) {{", *lines, "  }"]
 
 
 # -- LayerNormalization -----------------------------------------------------------------------
