@@ -171,7 +171,10 @@ ew("Shrink", lambda n, x, t:
 
 
 def _gelu(node: Node, x: list[str], t: str) -> str:
-    if node.attr("approximate", "none") == "tanh":
+    tanh = node.attr("approximate", "none") == "tanh"
+    if t == "float":  # runtime/aotc_math.h: one rational (erf form) or one sigmoid (tanh form)
+        return f"{'aotc_gelu_tanhf' if tanh else 'aotc_geluf'}({x[0]})"
+    if tanh:
         inner = f"({c_literal(0.7978845608028654, t)} * ({x[0]} + {c_literal(0.044715, t)} * {x[0]} * {x[0]} * {x[0]}))"
         return f"({c_literal(0.5, t)} * {x[0]} * (1 + {math_fn('tanh', t)}({inner})))"
     return f"({c_literal(0.5, t)} * {x[0]} * (1 + {math_fn('erf', t)}({x[0]} * {c_literal(0.7071067811865476, t)})))"
