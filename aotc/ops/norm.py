@@ -58,9 +58,13 @@ def _lane_sum(ctype: str, acc: str, xr: str, n: int, term: str) -> list[str]:
     if main != n:
         lines.append(f"  for (size_t i = {main}; i < {n}; i++) {{ const {ctype} v = {xr}[i]; "
                      f"s[0] += {term}; }}")
-    lines += [f"  for (size_t w = {lanes // 2}; w > 0; w /= 2)",
-              "    for (size_t l = 0; l < w; l++) s[l] += s[l + w];",
-              f"  {acc} = s[0];", "}"]
+    # The lanes fold in halves; constant trip counts let the compiler keep the folds in registers
+    # (a loop over the width went through memory with a branch per level).
+    w = lanes // 2
+    while w > 1:
+        lines.append(f"  for (size_t l = 0; l < {w}; l++) s[l] += s[l + {w}];")
+        w //= 2
+    lines += [f"  {acc} = s[0] + s[1];", "}"]
     return lines
 
 
