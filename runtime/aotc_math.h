@@ -94,24 +94,33 @@ AOTC_MATH_INLINE float aotc__select(int c, float a, float b)
 #define AOTC__ONE 1.0f
 #endif
 
-/* min(max(x, lo), hi), as Clip defines it (hi wins when lo > hi); NaN stays NaN.  With both
-   bounds known constants, GCC merges the two selects into three compares, a mask and two
-   blends per vector; bounds scaled by an opaque (exact) 1 keep them apart, and each select
-   becomes one IEEE max or min instruction. */
-AOTC_MATH_INLINE float aotc_clampf(float x, float lo, float hi)
+/* The bounds of a clamp, one at a time: max(x, lo) and min(x, hi), NaN staying NaN and -0 staying
+   -0 (as Relu and Clip do).  With a constant bound GCC compiles a select to a compare and a blend,
+   or an and for 0 (two selects against constants merge into three compares, a mask and two
+   blends); a bound scaled by the opaque (exact) 1 makes each one IEEE max or min instruction.
+   Clip(lo, hi) is aotc_clamp_hif(aotc_clamp_lof(x, lo), hi): hi wins when lo > hi. */
+AOTC_MATH_INLINE float aotc_clamp_lof(float x, float lo)
 {
     lo *= AOTC__ONE;
-    hi *= AOTC__ONE;
-    const float t = x < lo ? lo : x;
-    return t > hi ? hi : t;
+    return x < lo ? lo : x;
 }
 
-AOTC_MATH_INLINE double aotc_clamp(double x, double lo, double hi)
+AOTC_MATH_INLINE float aotc_clamp_hif(float x, float hi)
+{
+    hi *= AOTC__ONE;
+    return x > hi ? hi : x;
+}
+
+AOTC_MATH_INLINE double aotc_clamp_lo(double x, double lo)
 {
     lo *= (double)AOTC__ONE;
+    return x < lo ? lo : x;
+}
+
+AOTC_MATH_INLINE double aotc_clamp_hi(double x, double hi)
+{
     hi *= (double)AOTC__ONE;
-    const double t = x < lo ? lo : x;
-    return t > hi ? hi : t;
+    return x > hi ? hi : x;
 }
 
 /* ---- exp ----------------------------------------------------------------- */
@@ -313,7 +322,7 @@ AOTC_MATH_INLINE float aotc_erff(float x)
  */
 AOTC_MATH_INLINE float aotc_geluf(float x)
 {
-    /* Bounds scaled by the opaque 1 (see aotc_clampf): one max and one min; NaN passes. */
+    /* Bounds scaled by the opaque 1 (see aotc_clamp_lof): one max and one min; NaN passes. */
     const float lo = -5.5426f * AOTC__ONE, hi = 5.5426f * AOTC__ONE;
     const float xl = x < lo ? lo : x;
     const float xc = xl > hi ? hi : xl;

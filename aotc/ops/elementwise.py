@@ -124,7 +124,7 @@ ew("Max", _variadic("max"))
 ew("Min", _variadic("min"))
 
 # -- activations --------------------------------------------------------------------------------
-ew("Relu", lambda n, x, t: f"({x[0]} < 0 ? {c_literal(0, t)} : {x[0]})")  # keeps NaN
+ew("Relu", lambda n, x, t: _clamp(x[0], c_literal(0, t), None, t))  # keeps NaN and -0
 ew("LeakyRelu", lambda n, x, t: f"({x[0]} < 0 ? {_attr_f('alpha', 0.01)(n, t)} * {x[0]} : {x[0]})")
 ew("PRelu", _f("({a} < 0 ? {b} * {a} : {a})"))
 ew("Elu", lambda n, x, t:
@@ -137,19 +137,17 @@ ew("Celu", lambda n, x, t:
    f"{_attr_f('alpha', 1.0)(n, t)}) - 1) : {x[0]})")
 
 
-_CLAMP = {"float": "aotc_clampf", "double": "aotc_clamp"}  # runtime/aotc_math.h: one max, one min
+# runtime/aotc_math.h: each bound of a float clamp is one max or min instruction.
+_CLAMP = {"float": ("aotc_clamp_lof", "aotc_clamp_hif"), "double": ("aotc_clamp_lo", "aotc_clamp_hi")}
 
 
 def _clamp(e: str, lo: str | None, hi: str | None, t: str) -> str:
     # Clamp below, then clamp that (as Clip does): both comparisons always run, which compilers turn
     # into vector selects more readily than the nested form's compare on one branch. NaN stays NaN.
-    # Both float bounds: the runtime's clamp, which keeps GCC from merging the two selects.
-    if lo is not None and hi is not None and t in _CLAMP:
-        return f"{_CLAMP[t]}({e}, {lo}, {hi})"
     if lo is not None:
-        e = f"({e} < {lo} ? {lo} : {e})"
+        e = f"{_CLAMP[t][0]}({e}, {lo})" if t in _CLAMP else f"({e} < {lo} ? {lo} : {e})"
     if hi is not None:
-        e = f"({e} > {hi} ? {hi} : {e})"
+        e = f"{_CLAMP[t][1]}({e}, {hi})" if t in _CLAMP else f"({e} > {hi} ? {hi} : {e})"
     return e
 
 
