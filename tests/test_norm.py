@@ -204,6 +204,8 @@ def test_layernorm_fuses_producer_chain(tmp_path) -> None:
     src = "".join(p.read_text() for p in tmp_path.glob("f_kernels_*.c"))
     gelu_ln = src[src.index("void f_k0_gelu_layernormalization("):src.index("void f_k1_")]
     assert "__builtin_prefetch(" in gelu_ln
+    # One call of the runtime's GELU (a rational, no erf branches), not the erf expression.
+    assert "aotc_geluf(" in gelu_ln and "aotc_erff(" not in gelu_ln
     feeds = {k: (R.standard_normal(s) * 2).astype(np.float32) for k, s in (("a", (64, 256)), ("b", (4, 6, 8)),
                                                                            ("c", (3, 5, 16)))}
     got = aotc.load(res.prefix).run(feeds)
