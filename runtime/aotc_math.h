@@ -7,10 +7,12 @@
  *
  * Rules followed by every function below, so that a loop such as
  *     for (size_t i = 0; i < n; i++) y[i] = aotc_expf(x[i]);
- * vectorizes at -O3 (also at the SSE2 baseline -march=x86-64):
+ * vectorizes at -O3 -fno-trapping-math, as generated libraries are built (also at the SSE2
+ * baseline -march=x86-64):
  *   - no branches: every path is computed and the result is picked with
  *     aotc__select() (bit masks) or a ternary with constant arms, both of
- *     which GCC turns into vector blends;
+ *     which GCC turns into vector blends, or bounded with the clamp bounds
+ *     below (vector max and min);
  *   - float <-> integer bit access goes through memcpy;
  *   - no libm calls and no data-indexed tables;
  *   - written for strict IEEE evaluation: with -ffinite-math-only (part of
@@ -322,10 +324,8 @@ AOTC_MATH_INLINE float aotc_erff(float x)
  */
 AOTC_MATH_INLINE float aotc_geluf(float x)
 {
-    /* Bounds scaled by the opaque 1 (see aotc_clamp_lof): one max and one min; NaN passes. */
-    const float lo = -5.5426f * AOTC__ONE, hi = 5.5426f * AOTC__ONE;
-    const float xl = x < lo ? lo : x;
-    const float xc = xl > hi ? hi : xl;
+    const float xl = aotc_clamp_lof(x, -5.5426f); /* one max and one min; NaN passes */
+    const float xc = aotc_clamp_hif(xl, 5.5426f);
     const float z = xc * xc;
     float P = AOTC_FMAF(z, 0x1.82553ap-25f, 0x1.aa4e3ep-17f);
     P = AOTC_FMAF(P, z, 0x1.666996p-12f);
