@@ -228,11 +228,9 @@ def _emit_fused_layernorm(k: Kernel, fn: str) -> KernelSource:
     val = em.value(x, identity_map(rank), "body")
     # Flat strides of the row index r (over the axes before ``axis``) and of the in-row index k.
     flat = [int(np.prod(x.shape[d + 1:axis if d < axis else rank])) for d in range(rank)]
-    streams: dict[str, tuple[str, int]] = {}  # inputs read contiguously along the row, for prefetching
 
     def addr(acc: Access) -> str:
         terms = [str(acc.base)] if acc.base else []
-        walks = {}
         for var, dims in (("r", range(axis)), ("k", range(axis, rank))):
             live = [d for d in dims if x.shape[d] != 1]
             if not any(acc.coeffs[d] for d in live):
@@ -240,18 +238,14 @@ def _emit_fused_layernorm(k: Kernel, fn: str) -> KernelSource:
             scale = acc.coeffs[live[-1]]
             if all(acc.coeffs[d] == scale * flat[d] for d in live):  # walks var contiguously
                 terms.append(var if scale == 1 else f"{scale} * {var}")
-                walks[var] = scale
             else:  # a broadcast or transpose across these axes: recover each index
                 terms += [f"{acc.coeffs[d]} * (({var} / {flat[d]}) % {x.shape[d]})" for d in live if acc.coeffs[d]]
-        if walks.get("k") == 1 and "r" in walks:
-            row0 = f"{acc.ptr} + {acc.base}" if acc.base else acc.ptr
-            streams[row0] = (row0, walks["r"])
         return f"{acc.ptr}[{' + '.join(terms) or '0'}]"
 
     ins = [""] + [ptrs[id(v)] for v in node.inputs[1:] if v is not None]
     outs = [ptrs[id(v)] for v in node.outputs]
     fill = (em.render("body", addr), val)
-    body = norm_ops.layernorm_kernel(node, ins, outs, dtypes.c_type(x.dtype), fill, list(streams.values()))
+    body = norm_ops.layernorm_kernel(node, ins, outs, dtypes.c_type(x.dtype), fill)
     return _function(fn, k, args, names, body)
 
 
