@@ -244,8 +244,7 @@ def _emit_fused_layernorm(k: Kernel, fn: str) -> KernelSource:
 
     ins = [""] + [ptrs[id(v)] for v in node.inputs[1:] if v is not None]
     outs = [ptrs[id(v)] for v in node.outputs]
-    fill = (em.render("body", addr), val)
-    body = norm_ops.layernorm_kernel(node, ins, outs, dtypes.c_type(x.dtype), fill)
+    body = norm_ops.layernorm_kernel(node, ins, outs, dtypes.c_type(x.dtype), (em.render("body", addr), val))
     return _function(fn, k, args, names, body)
 
 

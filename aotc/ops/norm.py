@@ -88,16 +88,15 @@ def _row_kernel(ctype: str, rows: int, n: int, blocks: int, eps: float, x: str, 
     """
     inner = n // blocks
     sqrt = "sqrtf" if ctype == "float" else "sqrt"
-    body = [f"{ctype} *restrict yr = {y} + r * {n};"]
     if fill is None:
-        body.insert(0, f"const {ctype} *restrict xr = {x} + r * {n};")
+        body = [*_prefetch(ctype, n, x), f"const {ctype} *restrict xr = {x} + r * {n};",
+                f"{ctype} *restrict yr = {y} + r * {n};"]
+        xr = "xr"
     else:
         # The passes below read the row back through yr itself (xr aliasing yr would break restrict).
-        body += [f"for (size_t k = 0; k < {n}; k++) {{", *("  " + s for s in fill[0]),
-                 f"  yr[k] = {fill[1]};", "}"]
-    xr = "xr" if fill is None else "yr"
-    if fill is None:
-        body = _prefetch(ctype, n, x) + body
+        body = [f"{ctype} *restrict yr = {y} + r * {n};", f"for (size_t k = 0; k < {n}; k++) {{",
+                *("  " + s for s in fill[0]), f"  yr[k] = {fill[1]};", "}"]
+        xr = "yr"
     # Summing x - x[0] instead of x keeps the partial sums near the row's spread, not its offset.
     body.append(f"const {ctype} pivot = {xr}[0];")
     body += _lane_sum(ctype, "sum", xr, n, "(v - pivot)")
@@ -126,7 +125,7 @@ def _row_kernel(ctype: str, rows: int, n: int, blocks: int, eps: float, x: str, 
 def _prefetch(ctype: str, n: int, x: str) -> list[str]:
     """Statements prefetching the row of ``x`` PREFETCH_BYTES ahead of row ``r`` if this task
     computes it (so a prefetch never leaves the tensor)."""
-    ahead = max(1, PREFETCH_BYTES // (n * _size(ctype))) if n else 1
+    ahead = max(1, PREFETCH_BYTES // (n * _size(ctype)))
     return [f"if (r + {ahead} < r1)", f"  for (size_t q = 0; q < {n}; q += {64 // _size(ctype)})",
             f"    __builtin_prefetch({x} + (r + {ahead}) * {n} + q);"]
 
