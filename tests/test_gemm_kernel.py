@@ -150,7 +150,7 @@ def _cases() -> Iterator[Case]:
             yield Case(m, n, k, isa, batch=2, a_stride=m * k, c_stride=m * n, b_const=b_const, epilogue=True,
                        ntasks=(1, 3, 4))
     for m, n, k, b_const in ((300, 300, 300, False), (64, 512, 784, True), (600, 40, 200, True),
-                             (7, 1000, 64, False)):
+                             (7, 1000, 64, False), (20, 100, 1500, True)):
         yield Case(m, n, k, NATIVE, b_const=b_const, epilogue=True, threads=True, ntasks=(1, 2, 3, 5))
     # Leftover rows re-cut into MR - 1 row panels (one M block, tasks split columns): with a partial last
     # column panel, with A^T read in place, with a run-time B.
@@ -320,6 +320,16 @@ def test_plan_reads_small_a_in_place_when_tasks_split_columns() -> None:
         assert not plan.split_m and not plan.pack_a and plan.a_floats == 0
     assert plan_gemm(GemmSpec("x", 100, 1000, 2048, isa="avx2", b_const=True)).pack_a  # A of 800 KB
     assert plan_gemm(GemmSpec("x", 256, 256, 256, isa="avx2", b_const=True)).pack_a  # rows split
+
+
+def test_plan_takes_whole_k_with_shared_a_and_constant_b() -> None:
+    # The 64x784x512 case above runs as one K block, 20x100x1500 (also threaded above) as two of 750:
+    # the B micro-panel is capped at 64 KB (K = 1024 on AVX2). A run-time B or a packed A keeps the ISA's
+    # K block.
+    assert plan_gemm(GemmSpec("x", 64, 512, 784, isa="avx2", b_const=True)).kc == 784
+    assert plan_gemm(GemmSpec("x", 20, 100, 1500, isa="avx2", b_const=True)).kc == 750
+    assert plan_gemm(GemmSpec("x", 64, 127, 300, isa="avx2")).kc == 150
+    assert plan_gemm(GemmSpec("x", 256, 256, 512, isa="avx2", b_const=True)).kc == 256
 
 
 def test_spec_validation() -> None:
