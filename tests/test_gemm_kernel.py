@@ -319,7 +319,8 @@ def test_plan_reads_small_a_in_place_when_tasks_split_columns() -> None:
         plan = plan_gemm(GemmSpec("x", m, n, k, isa="avx2", b_const=b_const))
         assert not plan.split_m and not plan.pack_a and plan.a_floats == 0
     assert plan_gemm(GemmSpec("x", 100, 1000, 2048, isa="avx2", b_const=True)).pack_a  # A of 800 KB
-    assert plan_gemm(GemmSpec("x", 256, 256, 256, isa="avx2", b_const=True)).pack_a  # rows split
+    assert plan_gemm(GemmSpec("x", 256, 256, 512, isa="avx2", b_const=True)).pack_a  # rows split, 2 K blocks
+    assert not plan_gemm(GemmSpec("x", 256, 256, 256, isa="avx2", b_const=True)).pack_a  # one K block
 
 
 def test_plan_takes_whole_k_with_shared_a_and_constant_b() -> None:

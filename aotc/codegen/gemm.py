@@ -15,8 +15,9 @@ published description:
 
 When ``B`` is a constant (weights) it is packed here, at compile time, by :func:`pack_b`.  Shapes that
 get no reuse from a copy skip it: with M <= MR (GEMV-like) A is read in place, K is not blocked and a
-run-time row-major B is streamed in place too; with N <= 2 * NR, or when tasks split the columns of an A
-that is one M block and fits in half of L2, A is read in place.  The rows left over
+run-time row-major B is streamed in place too; with N <= 2 * NR, with all of K in one block, or when tasks
+split the columns of an A that is one M block and fits in half of L2, A is read in place (then, with B
+constant, K is blocked only past a 64 KB B micro-panel).  The rows left over
 after the full MR panels use a shorter kernel that covers several column panels per call (so M=1 still
 has 12 independent accumulators); a partial last column panel is computed into a small local tile and
 merged.  An optional epilogue runs over each group of finished columns while it is still in cache.
@@ -179,7 +180,6 @@ def plan_gemm(spec: GemmSpec) -> GemmPlan:
     # columns, all of M is one block and A fits in half of L2 (the MLP layers at batch 64): A stays in L2
     # either way, and every task would pack the same A again (2.3% of the 64x784x512 layer on 2 threads).
     shared_a = not split_m and spec.m <= mc and spec.m * spec.k * 4 <= A_IN_PLACE_BYTES
-    pack_a = not small_m and nslabs > 2 and not shared_a
     if small_m and (spec.b_const or direct_b):
         kc = spec.k
     elif shared_a and spec.b_const:
@@ -190,6 +190,10 @@ def plan_gemm(spec: GemmSpec) -> GemmPlan:
         kc = _balanced(spec.k, max(isa.kc, SHARED_A_PANEL_BYTES // (4 * nr)), 1)
     else:
         kc = _balanced(spec.k, isa.kc, 1)
+    # With all of K in one block a row panel of A is read once per column panel, straight from its rows
+    # (MR streams): the copy measured 2-5% slower at 256x256x256, 1 and 2 threads, and no faster on
+    # BERT's 128x256x256 and 128x256x1024. Over several K blocks (1024x1024x1024) packing is 13% faster.
+    pack_a = not small_m and nslabs > 2 and not shared_a and kc < spec.k
     a_floats = mc * kc if pack_a else 0
     if spec.b_const:
         b_floats = 0
