@@ -16,8 +16,8 @@ published description:
 When ``B`` is a constant (weights) it is packed here, at compile time, by :func:`pack_b`.  Shapes that
 get no reuse from a copy skip it: with M <= MR (GEMV-like) A is read in place, K is not blocked and a
 run-time row-major B is streamed in place too; with N <= 2 * NR, with all of K in one block, or when tasks
-split the columns of an A that is one M block and fits in half of L2, A is read in place (then, with B
-constant, K is blocked only past a 64 KB B micro-panel).  The rows left over
+split the columns of an A that is one M block and fits in half of L2, A is read in place.  In that last
+case, with B constant, K is blocked only past a 64 KB B micro-panel.  The rows left over
 after the full MR panels use a shorter kernel that covers several column panels per call (so M=1 still
 has 12 independent accumulators); a partial last column panel is computed into a small local tile and
 merged.  An optional epilogue runs over each group of finished columns while it is still in cache.
@@ -161,8 +161,6 @@ def plan_gemm(spec: GemmSpec) -> GemmPlan:
     isa = ISAS[spec.isa]
     mr, nr = isa.mr, isa.nr
     small_m = spec.m <= mr
-    # With one row panel, a B micro-panel is used exactly once, so K blocking buys no reuse: take all of
-    # K at once (fewer passes over C), unless B must be packed at run time (bounded scratch).
     direct_b = small_m and not spec.b_const and not spec.trans_b
     mc = spec.m if small_m else min(_balanced(spec.m, isa.mc, mr), _round_up(spec.m, mr))
     nc = min(_balanced(spec.n, isa.nc, nr), _round_up(spec.n, nr))
@@ -180,6 +178,8 @@ def plan_gemm(spec: GemmSpec) -> GemmPlan:
     # columns, all of M is one block and A fits in half of L2 (the MLP layers at batch 64): A stays in L2
     # either way, and every task would pack the same A again (2.3% of the 64x784x512 layer on 2 threads).
     shared_a = not split_m and spec.m <= mc and spec.m * spec.k * 4 <= A_IN_PLACE_BYTES
+    # With one row panel, a B micro-panel is used exactly once, so K blocking buys no reuse: take all of
+    # K at once (fewer passes over C), unless B must be packed at run time (bounded scratch).
     if small_m and (spec.b_const or direct_b):
         kc = spec.k
     elif shared_a and spec.b_const:
