@@ -101,7 +101,8 @@ def winograd_plan(g: Geometry, isa: str) -> WinogradPlan | None:
     channels and output planes of at least 8 x 8, so that tiles are mostly full. F(4x4) up to 128
     channels on planes of 16 and more, F(2x2) up to 256 channels; wider layers (ResNet's 7x7 stage)
     keep the direct path: there each unit would stream megabytes of transformed weights for a few
-    tiles."""
+    tiles. Units of whole planes do not rescue them: F(2x2) over all 16 tiles of a 7x7 plane at 512
+    channels measured no faster than the direct path (it streams 16 MB of transformed weights)."""
     if isa not in _VEC or g.group != 1 or g.k != (1, 3, 3) or g.s != (1, 1, 1) or g.d != (1, 1, 1):
         return None
     if g.inp[0] != 1 or g.c < 16 or g.m < 16 or min(g.out[1:]) < 8:
