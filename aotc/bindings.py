@@ -94,11 +94,7 @@ class CompiledModel:
         self.workspace_bytes: int = self.metadata["workspace_bytes"]
         self.library_path = prefix.parent / f"lib{self.name}.so"
         self._ffi = cffi.FFI()
-        self._ffi.cdef((prefix.parent / f"{self.name}.cdef").read_text())
-        try:
-            self._lib = self._ffi.dlopen(_fresh_path(self.library_path))
-        except OSError as e:
-            raise AotcError(f"cannot load {self.library_path}: {e}") from None
+        self._lib = _open_library(self._ffi, prefix, self.metadata)
         self._run = getattr(self._lib, f"{self.name}_run_parallel")
         self._local = threading.local()
         self.pool: ThreadPool | None = None
@@ -291,19 +287,47 @@ def _string_pointers(model: str, t: TensorSpec, x: object) -> np.ndarray:
     return ptrs
 
 
-_LOADED: dict[str, int] = {}
+# Resolved path -> build id of the library this process loaded from it. The dynamic loader returns
+# the library already loaded from a path even after it was rebuilt, so a rebuilt library is loaded
+# from a private copy instead.
+_LOADED: dict[str, str] = {}
 
 
-def _fresh_path(lib: Path) -> str:
-    """The path to dlopen. The dynamic loader returns the library already loaded from a path even
-    after it was rebuilt, so a rebuilt library is loaded from a private copy instead."""
-    key = str(lib.resolve())
-    stamp = lib.stat().st_mtime_ns if lib.exists() else 0
-    if _LOADED.setdefault(key, stamp) == stamp:
-        return key
-    copy = Path(tempfile.mkdtemp(prefix="aotc-")) / lib.name
-    shutil.copy2(lib, copy)
-    return str(copy)
+def _open_library(ffi: cffi.FFI, prefix: Path, meta: dict):  # noqa: ANN202 - cffi's library object
+    """dlopen libNAME.so once NAME.json, NAME.cdef and the library are known to come from one build:
+    a compile that was interrupted, or files copied from another compile, would otherwise run one
+    model's code on another's shapes."""
+    name, want = meta["name"], meta.get("build_id")
+    path = prefix.parent / f"lib{name}.so"
+    cdef_path = prefix.parent / f"{name}.cdef"
+    if want is None:
+        raise AotcError(f"{prefix}.json has no build id (compiled by an older aotc): compile the model again")
+    try:
+        declarations = cdef_path.read_text()
+    except OSError as e:
+        raise AotcError(f"no compiled model at {prefix} (cannot read {cdef_path}: {e.strerror or e})") from None
+    if not declarations.startswith(f"/* aotc build {want} */"):
+        raise AotcError(f"{cdef_path} is not from the build {prefix}.json describes: compile the model again")
+    ffi.cdef(declarations)
+    key = str(path.resolve())
+    target = key
+    try:
+        if _LOADED.get(key, want) != want:
+            target = str(Path(tempfile.mkdtemp(prefix="aotc-")) / path.name)
+            shutil.copy2(path, target)
+        lib = ffi.dlopen(target)
+    except OSError as e:
+        raise AotcError(f"cannot load {path}: {e}") from None
+    try:
+        got = ffi.string(getattr(lib, f"{name}_build_id")()).decode(errors="replace")
+    except AttributeError:
+        got = "none"
+    if target == key:
+        _LOADED[key] = got
+    if got != want:
+        raise AotcError(f"{path} is build {got}, not build {want} that {prefix}.json describes (an interrupted "
+                        "compile, or a file from another compile): compile the model again")
+    return lib
 
 
 def load(prefix: str | Path, threads: int | ThreadPool = 1) -> CompiledModel:

@@ -31,6 +31,7 @@ def _shape_arg(text: str) -> tuple[str, tuple[int, ...]]:
 
 def _parser() -> argparse.ArgumentParser:
     from aotc import __version__
+    from aotc.compiler import DEFAULT_OUT_DIR
     from aotc.target import TARGETS
 
     p = argparse.ArgumentParser(prog="aotc", description="Ahead-of-time compiler: ONNX -> C library")
@@ -39,13 +40,16 @@ def _parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("compile", help="compile a model into a C library")
     c.add_argument("model", help="ONNX model file")
-    c.add_argument("-o", "--out-dir", default="build", help="output directory (default: build)")
+    c.add_argument("-o", "--out-dir", default=DEFAULT_OUT_DIR,
+                   help=f"output directory (default: {DEFAULT_OUT_DIR}): NAME.h, libNAME.a, libNAME.so, "
+                        "NAME.json, NAME.cdef; the sources and build files are in OUT_DIR/.aotc/NAME/")
     c.add_argument("-n", "--name", help="library name, a C identifier (default: from the file name)")
     c.add_argument("-c", "--config", help="feed/fetch config (tfcompile text format)")
     c.add_argument("--input-shape", action="append", type=_shape_arg, default=[], metavar="NAME=D1,D2",
                    help="pin the shape of an input with dynamic dimensions (repeatable)")
     c.add_argument("--target-cpu", default="native", choices=TARGETS)
-    c.add_argument("--depfile", help="write a Make-style depfile for the generated library")
+    c.add_argument("--depfile", help="write a Make-style depfile for the generated library (no path may "
+                   "hold a line break)")
     c.add_argument("--dump-to", help="write the IR after each pass and the generated C here")
     c.add_argument("--profile", action="store_true",
                    help="also build NAME_run_profiled, which records per-kernel times (see `aotc profile`)")
@@ -150,7 +154,10 @@ def _read_inputs(items: list[str]) -> dict[str, np.ndarray]:
 
 def _cmd_run(args: argparse.Namespace) -> None:
     from aotc.bindings import load
+    from aotc.build import check_output_dir, output_errors
 
+    if args.output_dir:
+        check_output_dir(Path(args.output_dir), "--output-dir")
     m = load(args.model, threads=args.threads)
     try:
         outs = m.run(_read_inputs(args.input))
@@ -158,9 +165,10 @@ def _cmd_run(args: argparse.Namespace) -> None:
         raise AotcError(str(e)) from None
     for t, y in zip(m.outputs, outs, strict=True):
         if args.output_dir:
-            Path(args.output_dir).mkdir(parents=True, exist_ok=True)
             safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in t.name)
-            np.save(Path(args.output_dir) / f"{safe}.npy", y)
+            with output_errors(args.output_dir):
+                Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+                np.save(Path(args.output_dir) / f"{safe}.npy", y)
         else:
             print(f"{t.name}: {y.dtype}{list(y.shape)}")
             print(np.array2string(y, threshold=50))
@@ -168,6 +176,7 @@ def _cmd_run(args: argparse.Namespace) -> None:
 
 def _cmd_profile(args: argparse.Namespace) -> None:
     from aotc.bindings import load
+    from aotc.build import output_errors
     from aotc.reference import random_inputs
 
     m = load(args.model, threads=args.threads)
@@ -177,7 +186,8 @@ def _cmd_profile(args: argparse.Namespace) -> None:
                          random_inputs([(t.dtype, t.shape) for t in m.inputs]), strict=True))
     trace = Path(args.trace) if args.trace else Path(args.model).parent / f"{m.name}_trace.json"
     try:
-        prof = m.profile(feeds, iterations=args.iterations, trace=trace)
+        with output_errors(trace):
+            prof = m.profile(feeds, iterations=args.iterations, trace=trace)
     except (ValueError, TypeError) as e:
         raise AotcError(str(e)) from None
     print(prof.table())

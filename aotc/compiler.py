@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import onnx
 
-from aotc.build import write_and_build, write_if_changed
+from aotc.build import StagedBuild, build_dir, check_output_dir, output_errors, write_if_changed
 from aotc.codegen.library import Library, bounded_layout, cdef, generate, metadata
 from aotc.codegen.names import check_model_name
 from aotc.codegen.programs import benchmark_program, test_program
@@ -31,6 +31,10 @@ if TYPE_CHECKING:
     from aotc.bindings import CompiledModel
 
 
+# Not "build": CMake, Meson and many Makefiles own that directory.
+DEFAULT_OUT_DIR = "aotc-out"
+
+
 @dataclass
 class CompileResult:
     out_dir: Path
@@ -47,6 +51,11 @@ class CompileResult:
     def prefix(self) -> Path:
         return self.out_dir / self.name
 
+    @property
+    def build_dir(self) -> Path:
+        """The model's build tree: generated sources, build.ninja, objects, build.log."""
+        return build_dir(self.out_dir, self.name)
+
 
 def compile_model(model: str | Path | onnx.ModelProto, out_dir: str | Path, name: str,
                   config: str | Path | Config | None = None,
@@ -56,7 +65,8 @@ def compile_model(model: str | Path | onnx.ModelProto, out_dir: str | Path, name
                   log: Callable[[str], None] | None = None, profile: bool = False,
                   thread_pool: bool = True, gen_test: bool = False, gen_benchmark: bool = False,
                   test_tolerance: tuple[float, float] = (1e-3, 1e-4)) -> CompileResult:
-    """Compile ``model`` into ``out_dir``: NAME.h, libNAME.a, libNAME.so and NAME.json.
+    """Compile ``model`` into ``out_dir``: NAME.h, libNAME.a, libNAME.so, NAME.json and NAME.cdef
+    (built in ``out_dir/.aotc/NAME/``, delivered only when the build succeeded; see aotc.build).
 
     ``profile`` builds NAME_run_profiled (per-kernel timestamps; the default build has no timing
     code at all); ``thread_pool=False`` leaves out the pthread pool for systems without threads.
@@ -67,6 +77,15 @@ def compile_model(model: str | Path | onnx.ModelProto, out_dir: str | Path, name
     check_model_name(name)
     target = resolve(target_cpu)
     out = Path(out_dir)
+    check_output_dir(out, "output directory")
+    if dump_to:
+        check_output_dir(Path(dump_to), "dump directory")
+    model_path = Path(model) if isinstance(model, (str, Path)) else None
+    if depfile:
+        deps = [model_path] if model_path else []
+        if isinstance(config, (str, Path)):
+            deps.append(Path(config))
+        check_depfile(Path(depfile), [out, *deps])
     times: dict[str, float] = {}
     say = log or (lambda _msg: None)
 
@@ -89,12 +108,12 @@ def compile_model(model: str | Path | onnx.ModelProto, out_dir: str | Path, name
     times["import"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    run_passes(graph, dump_dir=Path(dump_to) if dump_to else None, log=say)
+    with output_errors(dump_to or out):
+        run_passes(graph, dump_dir=Path(dump_to) if dump_to else None, log=say)
     times["passes"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     say(f"codegen: {len(graph.kernels)} kernels")
-    model_path = Path(model) if isinstance(model, (str, Path)) else None
     lib = generate(graph, name, input_names, output_names, model_path.name if model_path else "<model>",
                    profile=profile, pool=thread_pool, bounded=bounded)
     times["codegen"] = time.perf_counter() - t0
@@ -113,25 +132,28 @@ def compile_model(model: str | Path | onnx.ModelProto, out_dir: str | Path, name
 
     t0 = time.perf_counter()
     say("C compilation")
-    write_and_build(lib, out, target.flags, extra_cflags, progress=lambda line: say(f"C compilation {line}"))
+    with output_errors(out), StagedBuild(out, name) as staged:
+        build_id = staged.build(lib, target.flags, extra_cflags,
+                                progress=lambda line: say(f"C compilation {line}"))
+        info = {"target_cpu": target.cpu, "isa": target.isa, "profile": profile, "thread_pool": thread_pool,
+                "memory": graph.memory.summary(), "build_id": build_id}
+        staged.commit({f"{name}.json": metadata(lib, graph, info).encode(),
+                       f"{name}.cdef": (f"/* aotc build {build_id} */\n"
+                                        f"const char *{name}_build_id(void);\n"
+                                        + cdef(name, profile, thread_pool)).encode()})
     times["c_compile"] = time.perf_counter() - t0
 
-    info = {"target_cpu": target.cpu, "isa": target.isa, "profile": profile, "thread_pool": thread_pool,
-            "memory": graph.memory.summary()}
-    write_if_changed(out / f"{name}.json", metadata(lib, graph, info).encode())
-    write_if_changed(out / f"{name}.cdef", cdef(name, profile, thread_pool).encode())
     if dump_to:
-        for fname, data in lib.files.items():
-            if fname.endswith((".c", ".h")):
-                write_if_changed(Path(dump_to) / fname, data)
+        with output_errors(dump_to):
+            for fname, data in lib.files.items():
+                if fname.endswith((".c", ".h")):
+                    write_if_changed(Path(dump_to) / fname, data)
     if depfile:
-        deps = [model_path] if model_path else []
-        if isinstance(config, (str, Path)):
-            deps.append(Path(config))
         targets = [out / f"lib{name}.a", out / f"lib{name}.so", out / f"{name}.h"]
-        write_depfile(Path(depfile), targets, deps)
-        for t in targets:  # make compares mtimes: the rule ran, so its targets are now fresh
-            os.utime(t)
+        with output_errors(depfile):
+            write_depfile(Path(depfile), targets, deps)
+            for t in targets:  # make compares mtimes: the rule ran, so its targets are now fresh
+                os.utime(t)
     return CompileResult(out, name, lib, graph, times)
 
 
@@ -144,6 +166,17 @@ def aotc_sources() -> list[Path]:
     return files
 
 
+def check_depfile(path: Path, paths: list[Path]) -> None:
+    """Refuse now what ``write_depfile`` could not write: Make has no escape for a line break."""
+    if path.is_dir():
+        raise AotcError(f"depfile {path} is a directory")
+    check_output_dir(path.parent, "depfile directory")
+    for p in [path, *paths]:
+        if "\n" in str(p) or "\r" in str(p):
+            raise AotcError(f"cannot write a depfile naming {str(p)!r}: Make cannot express a path with a "
+                            "line break (rename it or leave out --depfile)")
+
+
 def write_depfile(path: Path, targets: list[Path], inputs: list[Path]) -> None:
     def esc(p: Path) -> str:
         return str(p).replace("\\", "\\\\").replace(" ", "\\ ").replace("#", "\\#").replace("$", "$$")
@@ -154,9 +187,9 @@ def write_depfile(path: Path, targets: list[Path], inputs: list[Path]) -> None:
     write_if_changed(path, text.encode())
 
 
-def compile(model: str | Path | onnx.ModelProto, out_dir: str | Path = "build", name: str | None = None,
+def compile(model: str | Path | onnx.ModelProto, out_dir: str | Path = DEFAULT_OUT_DIR, name: str | None = None,
             threads: int = 1, **options) -> CompiledModel:  # noqa: A001
-    """Compile a model and load it: ``aotc.compile("m.onnx", out_dir="build", name="m").run(feeds)``.
+    """Compile a model and load it: ``aotc.compile("m.onnx", out_dir="aotc-out", name="m").run(feeds)``.
 
     ``threads`` is how many threads each run uses; ``options`` are those of ``compile_model``."""
     from aotc.bindings import load

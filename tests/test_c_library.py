@@ -35,7 +35,7 @@ def _hostile_model():
 
 def test_hostile_names_give_valid_harmless_c(tmp_path):
     res = compile_model(_hostile_model(), tmp_path, "hostile", extra_cflags=WERROR)
-    for path in tmp_path.glob("*.[ch]"):
+    for path in res.build_dir.glob("*.[ch]"):
         text = path.read_text()
         assert text.isascii()
         # Outside comments and string literals, nothing of the names survives.

@@ -36,7 +36,7 @@ def test_generated_test_passes(tmp_path, case):
     model = _mixed_dtypes() if case == "mixed" else mlp(3)
     cfg = parse_config('fetch { id { node_name: "h0" } name: "hidden" }') if case == "config" else None
     res = compile_model(model, tmp_path, "m", config=cfg, gen_test=True)
-    assert "build m_test:" in (tmp_path / "build.ninja").read_text()
+    assert "build m_test:" in (res.build_dir / "build.ninja").read_text()
     proc = subprocess.run([str(tmp_path / "m_test")], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout
     assert "m_test: PASSED" in proc.stdout
@@ -46,16 +46,16 @@ def test_generated_test_passes(tmp_path, case):
 
 def test_generated_test_can_fail(tmp_path):
     """Corrupt one stored expected value: the program reports it and exits 1."""
-    compile_model(mlp(2), tmp_path, "m", gen_test=True)
-    blob = tmp_path / "m_test_data.bin"
+    build = compile_model(mlp(2), tmp_path, "m", gen_test=True).build_dir
+    blob = build / "m_test_data.bin"
     data = bytearray(blob.read_bytes())
     x_bytes = 2 * 784 * 4
     out_at = (x_bytes + 63) // 64 * 64
     first = np.frombuffer(bytes(data[out_at:out_at + 4]), np.float32)[0]
     data[out_at:out_at + 4] = np.float32(first + 1.0).tobytes()
     blob.write_bytes(bytes(data))
-    run_ninja(tmp_path)  # the .incbin dependency rebuilds the test program
-    proc = subprocess.run([str(tmp_path / "m_test")], capture_output=True, text=True)
+    run_ninja(build)  # the .incbin dependency rebuilds the test program
+    proc = subprocess.run([str(build / "m_test")], capture_output=True, text=True)
     assert proc.returncode == 1
     assert "FAIL logits" in proc.stdout and "logits[0]" in proc.stdout and "FAILED" in proc.stdout
 
@@ -113,7 +113,9 @@ def test_progress_on_a_terminal_quiet_in_logs(tmp_path):
 def test_c_compiler_failure_names_the_file_and_keeps_the_directory(tmp_path):
     with pytest.raises(BuildError) as info:
         compile_model(mlp(1), tmp_path, "m", extra_cflags=["-include", "no_such_header_for_aotc.h"])
-    msg = str(info.value)
-    assert re.search(rf"C build failed for .*{re.escape(str(tmp_path))}/m\w*\.c", msg), msg
-    assert "no_such_header_for_aotc.h" in msg and "kept for a bug report" in msg
-    assert (tmp_path / "m.c").exists() and (tmp_path / "build.ninja").exists()
+    msg, build = str(info.value), tmp_path / ".aotc" / "m"
+    assert re.search(rf"C compiler failed on {re.escape(str(build))}/m\w*\.c", msg), msg
+    assert "no_such_header_for_aotc.h" in msg and "kept for a bug report" in msg and "\n" not in msg
+    assert f"full output in {build / 'build.log'}" in msg
+    assert "no_such_header_for_aotc.h" in (build / "build.log").read_text()
+    assert (build / "m.c").exists() and (build / "build.ninja").exists() and not (tmp_path / "m.h").exists()

@@ -202,7 +202,7 @@ def test_layernorm_fuses_producer_chain(tmp_path) -> None:
     assert fused["yc"] == ["LayerNormalization"], fused  # c1 is also read by c2
     # A fused row kernel leaves its inputs' sequential sweep to the hardware prefetchers; a plain
     # one prefetches the row ahead of the one it normalizes.
-    src = "".join(p.read_text() for p in tmp_path.glob("f_kernels_*.c"))
+    src = "".join(p.read_text() for p in res.build_dir.glob("f_kernels_*.c"))
     gelu_ln = src[src.index("void f_k0_gelu_layernormalization("):src.index("void f_k1_")]
     assert "__builtin_prefetch(" not in gelu_ln
     assert "__builtin_prefetch(" not in src[src.index("void f_k1_"):src.index("void f_k2_")]

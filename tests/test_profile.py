@@ -62,7 +62,7 @@ def test_profile_table_and_trace(tmp_path, threads):
 
 def test_no_timing_code_without_profile(tmp_path):
     compile_model(mlp(1), tmp_path, "m")
-    source = (tmp_path / "m.c").read_text()
+    source = (tmp_path / ".aotc" / "m" / "m.c").read_text()
     assert "clock_gettime" not in source and "times[" not in source
     assert "run_profiled" not in (tmp_path / "m.h").read_text()
     m = aotc.load(tmp_path / "m")

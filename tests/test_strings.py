@@ -204,7 +204,7 @@ def test_hostile_label_encoder_keys(tmp_path) -> None:
     got = m.run({"x": x})[0]
     table = {k.decode("utf-8", "replace"): v for k, v in zip(keys, values, strict=True) if b"\0" not in k}
     np.testing.assert_array_equal(got, [table.get(s, 0) for s in x])
-    source = "".join(p.read_text() for p in tmp_path.glob("hostile_kernels_*.c"))
+    source = "".join(p.read_text() for p in (tmp_path / ".aotc" / "hostile").glob("hostile_kernels_*.c"))
     table_line = next(line for line in source.splitlines() if "le_key[" in line and "static" in line)
     literals = re.findall(r'"((?:[^"\\]|\\.)*)"', table_line)
     assert len(literals) == len(table) and all(re.fullmatch(r"(\\[0-7]{3})*", lit) for lit in literals)

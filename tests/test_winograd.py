@@ -95,7 +95,7 @@ def test_winograd_convs_match_onnxruntime(tmp_path, target: str) -> None:
     the same bits; "generic" builds the 4-lane vector code."""
     model, feeds = build_model_and_feeds(CASES)
     result = compile_model(model, tmp_path, "t", target_cpu=target)
-    source = "".join(p.read_text() for p in tmp_path.glob("t_kernels_*.c"))
+    source = "".join(p.read_text() for p in result.build_dir.glob("t_kernels_*.c"))
     kernels = set(re.findall(r"void (\w+)_wg_mk\d+\(", source))
     assert len(kernels) == len(CASES), f"only {sorted(kernels)} took the Winograd path"
     want = run_ort(model, feeds)
