@@ -182,8 +182,9 @@ class StagedBuild:
         for fname in deliver:
             if (self.out / fname).is_dir():
                 raise AotcError(f"cannot write {self.out / fname}: a directory is in the way")
-        # Links (or copies) first, outside the held signals: only the renames must not be split.
-        staged = [(_linked_copy(self.dir / fname), self.out / fname) for fname in deliver]
+        # Second names first, outside the held signals: only the renames must not be split.
+        staged = [(_second_name(self.dir / fname, link=fname in self.outputs), self.out / fname)
+                  for fname in deliver]
         gone = [f"{self.name}_test", f"{self.name}_benchmark", f"{self.name}_trace.json"]
         with signals_held():
             for src, dst in staged:
@@ -232,16 +233,20 @@ def _build_id_c(name: str, bid: str) -> bytes:
             ).encode()
 
 
-def _linked_copy(src: Path) -> Path:
-    """A second name for ``src`` in its directory (a hard link, or a copy where links fail), to be
-    renamed into place. ninja's rules remove an output before writing it, so the build never
-    changes a delivered file through the link."""
+def _second_name(src: Path, link: bool) -> Path:
+    """A copy of ``src`` beside it, to be renamed into place: a hard link for what ninja built (the
+    libraries can be large; its rules remove an output before writing it, so a later build never
+    changes a delivered file through the link), a real copy for sources such as NAME.h, whose
+    mtime a build system touching the delivered file must not change in the build tree."""
     tmp = src.with_name(src.name + ".commit")
     tmp.unlink(missing_ok=True)
-    try:
-        os.link(src, tmp)
-    except OSError:
-        shutil.copy2(src, tmp)
+    if link:
+        try:
+            os.link(src, tmp)
+            return tmp
+        except OSError:
+            pass  # a file system without hard links
+    shutil.copy2(src, tmp)
     return tmp
 
 
