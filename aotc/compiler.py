@@ -178,8 +178,9 @@ def check_depfile(path: Path, paths: list[Path]) -> None:
 
 
 def write_depfile(path: Path, targets: list[Path], inputs: list[Path]) -> None:
-    def esc(p: Path) -> str:
-        return str(p).replace("\\", "\\\\").replace(" ", "\\ ").replace("#", "\\#").replace("$", "$$")
+    def esc(p: Path) -> str:  # as GNU make and ninja read a depfile (make stops at a bare ':')
+        return (str(p).replace("\\", "\\\\").replace(" ", "\\ ").replace("#", "\\#").replace("$", "$$")
+                .replace(":", "\\:"))
 
     deps = [*inputs, *aotc_sources()]
     text = f"{' '.join(esc(t) for t in targets)}: \\\n  " + " \\\n  ".join(esc(d.resolve()) for d in deps) + "\n"
