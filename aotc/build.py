@@ -288,11 +288,12 @@ def run_ninja(build_dir: Path, targets: list[str] | None = None,
         raise AotcError(f"cannot run {cmd[0]}: {e.strerror or e}") from None
     assert proc.stdout is not None
     try:
-        for line in proc.stdout:
-            lines.append(line.rstrip("\n"))
-            if progress and line.startswith("["):
-                progress(line.strip())
-        proc.wait()
+        with _sigterm_exits():
+            for line in proc.stdout:
+                lines.append(line.rstrip("\n"))
+                if progress and line.startswith("["):
+                    progress(line.strip())
+            proc.wait()
     except BaseException:
         with signals_held():
             _stop(proc)
@@ -303,6 +304,25 @@ def run_ninja(build_dir: Path, targets: list[str] | None = None,
     log.write_text("".join(line + "\n" for line in lines))
     if proc.returncode != 0:
         raise BuildError(_failure(build_dir, lines, kernels, log))
+
+
+@contextmanager
+def _sigterm_exits() -> Iterator[None]:
+    """Where SIGTERM would kill Python on the spot (its default), make it exit through the exception
+    path that stops ninja (status 143, as the signal gives)."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+
+    def exit_now(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, exit_now)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _stop(proc: subprocess.Popen) -> None:

@@ -88,9 +88,10 @@ def test_an_exception_during_the_build_stops_ninja_and_leaves_the_previous_model
 
 
 @pytest.mark.skipif(not Path("/proc/self/cwd").exists(), reason="finds processes through /proc")
-def test_sigint_to_aotc_alone_stops_ninja_and_leaves_the_previous_model(out, tmp_path):
-    """SIGINT reaches aotc only (as from `kill -INT`, not the terminal's process group): aotc stops
-    ninja and its compilers, exits 130 and leaves model A as it was."""
+@pytest.mark.parametrize(("sig", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_to_aotc_alone_stops_ninja_and_leaves_the_previous_model(out, tmp_path, sig, status):
+    """The signal reaches aotc only (as from `kill`, not the terminal's process group): aotc stops
+    ninja and its compilers, exits with the signal's status and leaves model A as it was."""
     before = _delivered(out)
     onnx.save(B, tmp_path / "b.onnx")
     slow_cc = tmp_path / "slow-cc"
@@ -105,12 +106,12 @@ def test_sigint_to_aotc_alone_stops_ninja_and_leaves_the_previous_model(out, tmp
         while not any(cmd.startswith("sleep") for cmd in _processes_in(build)):
             assert proc.poll() is None and time.monotonic() < deadline, proc.stderr and proc.stderr.read()
             time.sleep(0.05)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         _, err = proc.communicate(timeout=30)
     finally:
         proc.kill()
         proc.wait()
-    assert proc.returncode == 130 and "Traceback" not in err, err
+    assert proc.returncode == status and "Traceback" not in err, err
     assert _processes_in(build) == []
     assert _delivered(out) == before
     _assert_runs(out, A)
