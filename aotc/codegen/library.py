@@ -16,6 +16,7 @@ from aotc.codegen.names import Mangler, c_string, comment
 from aotc.ir import dtypes
 from aotc.ir.graph import Graph, Value
 from aotc.passes.fuse import storage_root
+from aotc.passes.memory import MAX_TASKS
 from aotc.resources import runtime_dir, templates_dir
 
 API = '__attribute__((visibility("default"))) '
@@ -30,7 +31,7 @@ def max_tasks(k) -> int:
     from aotc.dump import node_flops
 
     work = sum(node_flops(n) for n in k.nodes) + sum(v.size for v in (*k.inputs, *k.outputs))
-    return max(1, min(1024, work // TASK_WORK))
+    return max(1, min(MAX_TASKS, work // TASK_WORK))
 
 
 @lru_cache(maxsize=1)

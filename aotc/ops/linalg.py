@@ -59,8 +59,11 @@ def _det_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
     assert x is not None
     m = x.shape[-1]
     nb = x.size // max(m * m, 1)
-    return (f"for (size_t b = task; b < {nb}; b += ntasks) {{\n"
-            f"  double a[{max(m * m, 1)}], det = 1;\n"
+    # The matrix is factored in this task's scratch slot (a stack array of m * m doubles would
+    # overflow a thread's stack for large m).
+    return (f"double *restrict a = (double *)scratch + task * (size_t){max(m * m, 1)};\n"
+            f"for (size_t b = task; b < {nb}; b += ntasks) {{\n"
+            f"  double det = 1;\n"
             f"  for (size_t i = 0; i < {m * m}; i++) a[i] = {ins[0]}[b * {m * m} + i];\n"
             f"  for (size_t c = 0; c < {m}; c++) {{\n"
             f"    size_t p = c;\n"
@@ -77,4 +80,10 @@ def _det_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
             f"  {outs[0]}[b] = ({ctype})det;\n}}")
 
 
-register(OpDef("Det", "kernel", _det_infer, emit=_det_emit))
+def _det_scratch(node: Node) -> int:
+    x = node.inputs[0]
+    assert x is not None
+    return 8 * max(x.shape[-1] ** 2, 1)
+
+
+register(OpDef("Det", "kernel", _det_infer, emit=_det_emit, scratch=_det_scratch))

@@ -10,16 +10,50 @@ lives after the tensors: one slot per thread, each as large as the largest per-t
 workspace for ``n`` threads is ``scratch_offset + n * scratch_per_task`` bytes. The partial results
 of a reduction split into chunks (aotc/codegen/loops.py) are shared by its tasks: they are placed
 like a tensor that lives while its kernel runs.
+
+Sizes are checked here, where they are still exact Python integers: the generated C computes every
+size, offset and index in ``size_t``, so a plan that does not fit ``MAX_BYTES`` is refused rather
+than emitted as constants that would wrap.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from aotc.errors import AotcError
 from aotc.ir.graph import Graph, Value
 from aotc.passes.fuse import storage_root
 
 ALIGN = 64
+
+# The largest tensor (and dimension) and the largest workspace aotc compiles: 2**48 bytes (256 TiB).
+# No 64-bit machine maps more (x86-64 and AArch64 give user space 2**47 to 2**48 bytes), and it keeps
+# every product the generated C computes -- a byte count, an element offset times a stride, a loop
+# bound times a task count (at most MAX_TASKS) -- far below PTRDIFF_MAX (2**63 - 1), so none wraps.
+MAX_BYTES = 1 << 48
+# The most tasks a kernel is split into (aotc/codegen/library.py), hence the most per-thread scratch
+# slots a run uses: the workspace is checked for this many threads.
+MAX_TASKS = 1024
+
+
+def _limit_text() -> str:
+    return f"{MAX_BYTES} bytes (2**48)"
+
+
+def check_tensor_size(v: Value, where: str) -> None:
+    """Refuse a tensor whose dimensions, element count or byte size exceed ``MAX_BYTES`` (``where``
+    names the node or input it comes from)."""
+    assert v.shape is not None and v.dtype is not None
+    dims = [int(d) for d in v.shape]
+    if any(d < 0 for d in dims):
+        raise AotcError(f"{where}: tensor {v.name!r} has a negative dimension in its shape {dims}")
+    nbytes = math.prod(dims) * np.dtype(v.dtype).itemsize
+    if nbytes > MAX_BYTES or max(dims, default=0) > MAX_BYTES:
+        raise AotcError(f"{where}: tensor {v.name!r} of shape {dims} ({np.dtype(v.dtype)}) would take "
+                        f"{nbytes} bytes; aotc compiles tensors and dimensions of at most {_limit_text()}")
 
 
 def _align(n: int) -> int:
@@ -100,5 +134,10 @@ def plan_memory(graph: Graph) -> bool:
     plan.scratch_per_task = max((b.size for b in plan.scratch.values()), default=0)
     for b in plan.scratch.values():
         b.offset = plan.scratch_offset
+    most = plan.workspace_bytes_for(MAX_TASKS)
+    if most > MAX_BYTES:
+        raise AotcError(f"the workspace would take {plan.workspace_bytes} bytes for one thread, {most} for "
+                        f"{MAX_TASKS} threads (tensors that are live at once share no bytes); aotc compiles "
+                        f"workspaces of at most {_limit_text()}")
     graph.memory = plan
     return True

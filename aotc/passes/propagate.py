@@ -6,6 +6,8 @@ chain, which only becomes a constant once folded, and folding needs the input sh
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
@@ -14,11 +16,16 @@ from aotc.errors import AotcError
 from aotc.ir import dtypes
 from aotc.ir.graph import Graph, Node, Value
 from aotc.ops import OPS
+from aotc.passes.memory import check_tensor_size
 from aotc.passes.strings import check_strings
 
 # Folding must not turn a small graph into huge weights (e.g. a broadcast mask): above this,
-# a result is folded only if it is no bigger than its inputs.
+# a result is folded only if it is no bigger than its inputs. The size is known from shape inference
+# before anything is evaluated, so a huge result is never computed just to be thrown away.
 _FOLD_LIMIT_BYTES = 16 << 20
+# Ops that have no kernel ("static": Shape, EyeLike, ...) must be folded: their results become
+# constants in the weights blob, at most this large.
+_STATIC_LIMIT_BYTES = 1 << 30
 
 
 def evaluate(node: Node, args: list[np.ndarray | None], opset: int) -> list[np.ndarray]:
@@ -60,6 +67,7 @@ def propagate(graph: Graph) -> bool:
             dims = graph.dynamic_inputs.get(v.name, "?")
             raise AotcError(f"input {v.name!r} has dynamic shape [{dims}]; pin it with "
                             f"--input-shape {v.name}=... or a shape in the feed config")
+        check_tensor_size(v, f"input {v.name!r}")
     changed = False
     kept: list[Node] = []
     for node in graph.nodes:
@@ -76,14 +84,18 @@ def propagate(graph: Graph) -> bool:
         ins = [v for v in node.inputs if v is not None]
         if all(v.is_const for v in ins) or op.kind == "static":
             args = [None if v is None else v.const for v in node.inputs]
-            in_bytes = sum(v.nbytes for v in ins)
-            results = _try_fold(node, args, graph.opset)
-            if results is not None and (sum(r.nbytes for r in results) <= max(_FOLD_LIMIT_BYTES, in_bytes)
-                                        or op.kind == "static"):
+            limit = _STATIC_LIMIT_BYTES if op.kind == "static" else max(_FOLD_LIMIT_BYTES, sum(v.nbytes for v in ins))
+            predicted = _result_bytes(node)
+            if op.kind == "static" and predicted is not None and predicted > limit:
+                raise AotcError(f"{node.op} node {node.name!r}: its output ({predicted} bytes) is computed at "
+                                f"compile time and would be a constant above {limit} bytes")
+            results = _try_fold(node, args, graph.opset) if predicted is None or predicted <= limit else None
+            if results is not None and (sum(r.nbytes for r in results) <= limit or op.kind == "static"):
                 for v, r in zip(node.outputs, results, strict=True):
                     _check_dtype(node, r.dtype)
                     c = Graph.constant(r, v.name)
                     v.shape, v.dtype, v.const, v.producer = c.shape, c.dtype, c.const, None
+                    check_tensor_size(v, f"{node.op} node {node.name!r}")
                 changed = True
                 continue
         try:
@@ -95,6 +107,7 @@ def propagate(graph: Graph) -> bool:
         for v, (shape, dt) in zip(node.outputs, inferred, strict=False):
             _check_dtype(node, dt)
             v.shape, v.dtype = tuple(int(d) for d in shape), np.dtype(dt)
+            check_tensor_size(v, f"{node.op} node {node.name!r}")
         kept.append(node)
     graph.nodes = kept
     check_strings(graph)  # now that every dtype is known
@@ -127,9 +140,16 @@ def _per_axis(node: Node) -> list[Node]:
             continue
         s = v.shape
         if block and len(s) == rank and s != x.shape:
+            if not 0 <= axis < rank:
+                raise AotcError(f"{node.op} node {node.name!r}: axis {node.attr('axis', 1)} is out of range "
+                                f"for an input of rank {rank}")
             d, n = x.shape[axis], s[axis]
-            if v.is_const:
-                rep = np.repeat(v.const, block, axis)[(slice(None),) * axis + (slice(0, d),)]
+            if block < 1 or n * block < d or (n - 1) * block >= d:
+                raise AotcError(f"{node.op} node {node.name!r}: block_size {block} does not fit {n} blocks "
+                                f"of scale along axis {axis} of extent {d}")
+            block = max(1, min(block, d))  # a single block longer than the axis covers just the axis
+            if v.is_const and d * v.nbytes // max(n, 1) <= max(_FOLD_LIMIT_BYTES, v.nbytes):
+                rep = np.take(v.const, np.arange(d) // block, axis)
                 node.inputs[i] = Graph.constant(rep, f"{v.name}_blocks")
                 continue
             pre, post = s[:axis], s[axis + 1:]
@@ -169,6 +189,16 @@ def _legacy_broadcast(node: Node) -> None:
     if not b.is_const:
         raise AotcError(f"{node.op} node {node.name!r}: legacy broadcast (axis) needs a constant operand")
     node.inputs[1] = Graph.constant(b.const.reshape(*b.shape, *([1] * pad)), f"{b.name}_bcast")
+
+
+def _result_bytes(node: Node) -> int | None:
+    """The bytes of ``node``'s outputs by shape inference (exact: Python ints), or None when inference
+    cannot tell on its own (folding then finds out)."""
+    try:
+        inferred = OPS[node.op].infer(node)
+        return sum(math.prod(int(d) for d in shape) * np.dtype(dt).itemsize for shape, dt in inferred)
+    except Exception:  # reported by folding, or by inference below, with the node named
+        return None
 
 
 def _try_fold(node: Node, args: list[np.ndarray | None], opset: int) -> list[np.ndarray] | None:
