@@ -121,7 +121,7 @@ def generate(graph: Graph, name: str, input_names: list[str], output_names: list
     ``bounded``: output position -> (data-dependent axis, position of its count output), from
     ``aotc.ops.dynamic.expose_counts``."""
     lib = Library(name)
-    mangle = Mangler()
+    mangle = Mangler(name)
     mangle.used.update({"workspace", "inputs", "outputs", "in", "out", "ws", "i"})
     for names, values, dest in ((input_names, graph.inputs, lib.inputs),
                                 (output_names, graph.outputs, lib.outputs)):
