@@ -18,7 +18,7 @@ from aotc.codegen import gemm as gemm_gen
 from aotc.codegen.loops import Access, Emitter, emit_loop_kernel, identity_map
 from aotc.errors import AotcError
 from aotc.ir import dtypes
-from aotc.ir.graph import Graph, Value
+from aotc.ir.graph import Graph, Node, Value
 from aotc.ops import OPS, expand_depthwise, winograd
 from aotc.ops import conv as conv_ops
 from aotc.ops import norm as norm_ops
@@ -79,11 +79,11 @@ def _external(k: Kernel) -> tuple[list[tuple[Value, str]], list[str], dict[int, 
     return args, names, ptrs
 
 
-def gemm_spec(k: Kernel, isa: str, fn: str = "gemm") -> gemm_gen.GemmSpec | None:
-    """The GEMM template's spec for a float32 MatMul kernel; None when the naive loop is used."""
-    mm = k.gemm
-    assert mm is not None
+def matmul_spec(mm: Node, isa: str, fn: str = "gemm") -> gemm_gen.GemmSpec | None:
+    """The GEMM template's spec for MatMul node ``mm``; None when the naive loop computes it (other
+    dtypes, empty operands, batch dims that broadcast on both sides)."""
     a, b = mm.inputs[0], mm.inputs[1]
+    assert a is not None and b is not None
     out = mm.outputs[0]
     if out.dtype != np.float32 or len(a.shape) < 2 or len(b.shape) < 2 or 0 in (*a.shape, *b.shape):
         return None
@@ -103,6 +103,19 @@ def gemm_spec(k: Kernel, isa: str, fn: str = "gemm") -> gemm_gen.GemmSpec | None
     return gemm_gen.GemmSpec(fn=fn, m=m, n=n, k=kk, batch=nb, a_batch_stride=strides[0],
                              b_batch_stride=strides[1], c_batch_stride=m * n if nb > 1 else 0,
                              b_const=b.is_const, isa=isa)
+
+
+def gemm_spec(k: Kernel, isa: str, fn: str = "gemm") -> gemm_gen.GemmSpec | None:
+    """The GEMM template's spec for a MatMul kernel; None when the naive loop is used."""
+    assert k.gemm is not None
+    return matmul_spec(k.gemm, isa, fn)
+
+
+def takes_epilogue(mm: Node, out: Value) -> bool:
+    """Whether MatMul ``mm`` can be emitted with a fused elementwise epilogue whose result is ``out``:
+    only the GEMM template has one (the naive loop has none), and it stores float32. The fusion pass
+    asks this before fusing, so it never builds a kernel the emitter cannot write."""
+    return out.dtype == np.float32 and out.shape == mm.outputs[0].shape and matmul_spec(mm, "generic") is not None
 
 
 def scratch_bytes(k: Kernel, isa: str, ntasks: int) -> int:
@@ -327,7 +340,7 @@ def _emit_expand_depthwise(k: Kernel, fn: str, isa: str, args: list[tuple[Value,
 def _naive_matmul(k: Kernel, fn: str, args, names, ptrs) -> KernelSource:
     """MatMul for non-float32 dtypes and unusual broadcasts: a plain triple loop."""
     mm = k.gemm
-    assert mm is not None and len(k.nodes) == 1, "epilogue fusion requires the GEMM template"
+    assert mm is not None and len(k.nodes) == 1, "epilogue fusion requires the GEMM template (takes_epilogue)"
     a, b = mm.inputs[0], mm.inputs[1]
     out = mm.outputs[0]
     a2 = (1, *a.shape) if len(a.shape) == 1 else a.shape
@@ -337,25 +350,31 @@ def _naive_matmul(k: Kernel, fn: str, args, names, ptrs) -> KernelSource:
     nb = int(np.prod(batch))
     t = dtypes.c_type(out.dtype)
 
-    def offsets(shape: tuple[int, ...], per: int) -> list[int]:
-        idx = np.arange(int(np.prod(shape))).reshape(shape) if shape else np.array(0)
-        return (np.broadcast_to(idx, batch).reshape(-1) * per).tolist() if batch else [0]
+    def offset(shape: tuple[int, ...], per: int) -> str:
+        """The offset of batch entry ``bi`` in an operand with batch dims ``shape`` (broadcast to
+        ``batch``), computed per entry: a table of them would grow with the batch."""
+        s = (1,) * (len(batch) - len(shape)) + tuple(shape)
+        if s == batch:
+            return f"bi * {per}"
+        terms = []
+        for d in range(len(batch)):
+            if s[d] != 1 and batch[d] != 1:
+                inner = int(np.prod(batch[d + 1:]))
+                index = f"bi / {inner} % {batch[d]}" if inner > 1 else f"bi % {batch[d]}"
+                terms.append(f"({index}) * {int(np.prod(s[d + 1:])) * per}")
+        return " + ".join(terms) or "0"
 
-    a_off, b_off = offsets(a2[:-2], m * kk), offsets(b2[:-2], kk * n)
-    table = (f"static const size_t {fn}_aoff[{nb}] = {{{', '.join(map(str, a_off))}}};\n"
-             f"static const size_t {fn}_boff[{nb}] = {{{', '.join(map(str, b_off))}}};\n")
     pa, pb, po = ptrs[id(a)], ptrs[id(b)], ptrs[id(out)]
     # float16 accumulates in float and rounds once, as numpy's float16 matmul does.
     acc, cast = ("float", "(float)") if t == "_Float16" else (t, "")
-    body = (f"for (size_t bi = task; bi < {nb}; bi += ntasks)\n"
+    body = (f"for (size_t bi = task; bi < {nb}; bi += ntasks) {{\n"
+            f"  const size_t ao = {offset(a2[:-2], m * kk)}, bo = {offset(b2[:-2], kk * n)};\n"
             f"  for (size_t i = 0; i < {m}; i++)\n"
             f"    for (size_t j = 0; j < {n}; j++) {{\n"
             f"      {acc} s = 0;\n"
-            f"      for (size_t p = 0; p < {kk}; p++) s += {cast}{pa}[{fn}_aoff[bi] + i * {kk} + p] * "
-            f"{cast}{pb}[{fn}_boff[bi] + p * {n} + j];\n"
+            f"      for (size_t p = 0; p < {kk}; p++) s += {cast}{pa}[ao + i * {kk} + p] * "
+            f"{cast}{pb}[bo + p * {n} + j];\n"
             f"      {po}[bi * {m * n} + i * {n} + j] = ({t})s;\n"
-            f"    }}")
-    return _function(fn, k, args, names, body, helpers=table)
-
-
-
+            f"    }}\n"
+            f"}}")
+    return _function(fn, k, args, names, body)

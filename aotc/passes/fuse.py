@@ -166,6 +166,8 @@ def _grow_norm_input(k: Kernel, users: dict[int, list[Node]], fetched: set[int],
 def _grow(k: Kernel, users: dict[int, list[Node]], fetched: set[int], owner: dict[int, Kernel],
           start: list[Node] | None = None) -> None:
     """Add to ``k`` the producers of ``start`` (default: all of k's nodes) that may fuse into it."""
+    from aotc.codegen.kernels import takes_epilogue  # the GEMM emitter's own rule (it imports Kernel)
+
     out_shape = k.root.outputs[0].shape
     work = list(k.nodes if start is None else start)
     while work:
@@ -183,9 +185,7 @@ def _grow(k: Kernel, users: dict[int, list[Node]], fetched: set[int], owner: dic
                 k.reduce = p
                 ok = True
             if kind == "gemm" and p.op == "MatMul" and k.kind == "loop" and k.reduce is None \
-                    and v.shape == out_shape and len(v.shape) >= 2 and v.dtype == np.float32 \
-                    and k.root.outputs[0].dtype == np.float32 \
-                    and all(x is not None and len(x.shape) >= 2 for x in p.inputs) \
+                    and takes_epilogue(p, k.root.outputs[0]) \
                     and all(OPS[x.op].kind == "elementwise" for x in k.nodes):
                 k.kind, k.gemm = "gemm", p
                 owner[id(p)] = k
