@@ -83,9 +83,10 @@ def _softmax_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> st
              f"  for (size_t i = 0; i < {n}; i++) {{ const {ctype} v = xr[i * {inner}]; "
              f"m = (v > m || v != v) ? v : m; }}"]
     if node.op == "LogSoftmax":
+        # (x - m) - log(s), as aotc_log_softmax_row: m + log(s) would round log(s) away on large rows.
         lines += [f"  for (size_t i = 0; i < {n}; i++) s += exp(xr[i * {inner}] - m);",
-                  f"  const {ctype} lse = m + log(s);",
-                  f"  for (size_t i = 0; i < {n}; i++) yr[i * {inner}] = xr[i * {inner}] - lse;"]
+                  f"  const {ctype} log_sum = log(s);",
+                  f"  for (size_t i = 0; i < {n}; i++) yr[i * {inner}] = (xr[i * {inner}] - m) - log_sum;"]
     else:
         lines += [f"  for (size_t i = 0; i < {n}; i++) {{ yr[i * {inner}] = exp(xr[i * {inner}] - m); "
                   f"s += yr[i * {inner}]; }}",

@@ -29,6 +29,16 @@ against onnxruntime at the model tolerances). Its weights take a^2 / 9 times the
 memory (4x for F(4x4), 1.8x for F(2x2)), so only layers where it pays are transformed: enough tiles
 that the transformed weights streamed per unit are reused, and channels few enough that U[xi] stays
 in L2 (see ``winograd_plan``).
+
+Non-finite inputs: the transforms mix the values of a tile, so a NaN in the input can make NaN any
+output of each m x m output tile whose a x a input tile holds it (which ones follows the zero pattern
+of BT and AT) -- up to (2m)^2 outputs per channel where the direct sum makes 9 -- and an infinity
+mostly comes out as NaN (the transforms subtract it from itself), not as the direct sum's +-inf.
+Every output the direct sum makes NaN or infinite is NaN or infinite here too; outputs outside those
+tiles are as on the direct path, so no non-finite input ever yields a finite output it should not.
+We accept that: such an input already spoils its own 3 x 3 neighbourhood, and keeping the direct
+path's exact extent would cost a scan of every tile on finite inputs too (tests/test_checked_sizes.py
+pins the extent).
 """
 
 from __future__ import annotations
