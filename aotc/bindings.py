@@ -9,6 +9,9 @@ Data-dependent outputs (NonZero, Unique, NonMaxSuppression; see ``aotc.ops.dynam
 the C library at their upper-bound shape, with their valid extent in extra count outputs. ``run``
 trims them to the true shape and leaves the count outputs out, so Python sees ONNX's outputs;
 ``run(..., raw=True)`` returns the C library's outputs as they are.
+
+A nonzero status from the run raises the ``aotc.RunError`` subclass for it (``IndexOutOfRangeError``
+for an out-of-range index input; see ``aotc.errors.RUN_ERRORS``); the outputs are then unspecified.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from typing import TYPE_CHECKING
 import cffi
 import numpy as np
 
-from aotc.errors import AotcError
+from aotc.errors import AotcError, run_error
 from aotc.ir import dtypes
 
 if TYPE_CHECKING:
@@ -213,7 +216,7 @@ class CompiledModel:
         ws = self._workspace()
         rc = fn(ins_c, outs_c, self._local.ws_c, ws.size, self._par, *extra)
         if rc != 0:
-            raise RuntimeError(f"{self.name}_run failed with code {rc}")
+            raise run_error(self.name, rc)
         return outs
 
     def run(self, feeds: Mapping[str, object] | Sequence[object],

@@ -21,3 +21,51 @@ class UnsupportedOpsError(AotcError):
 
 class BuildError(AotcError):
     """The C compiler failed on generated code (a bug in aotc, reported with the build directory)."""
+
+
+class RunError(AotcError, RuntimeError):
+    """A compiled model's run returned a nonzero status. Subclasses are the documented statuses of
+    NAME_run (``code``, and ``status``: the C macro's name after NAME_); a status aotc does not know
+    (a library from a newer aotc) raises RunError itself."""
+
+    code = -1
+    status = "ERR_UNKNOWN"
+    meaning = "unknown status"
+
+    def __init__(self, model: str, code: int | None = None) -> None:
+        if code is not None:
+            self.code = code
+        self.model = model
+        meaning = self.meaning.replace("NAME_", f"{model.upper()}_")
+        super().__init__(f"{model}_run returned {self.code} ({model.upper()}_{self.status}): {meaning}; "
+                         "the outputs are unspecified")
+
+
+class NullArgumentError(RunError):
+    code = 1
+    status = "ERR_NULL_ARGUMENT"
+    meaning = "a pointer argument (an input, an output, the inputs or outputs array, or times) is NULL"
+
+
+class WorkspaceError(RunError):
+    code = 2
+    status = "ERR_WORKSPACE"
+    meaning = "the workspace is NULL, not 64-byte aligned, or smaller than NAME_WORKSPACE_BYTES"
+
+
+class IndexOutOfRangeError(RunError):
+    code = 3
+    status = "ERR_INDEX_OUT_OF_RANGE"
+    meaning = "an index input holds a value outside -n..n-1 for an axis of length n (a sequence length outside 0..n)"
+
+
+# Every documented status but NAME_OK (0): the header, the run function and the bindings list these.
+RUN_ERRORS: tuple[type[RunError], ...] = (NullArgumentError, WorkspaceError, IndexOutOfRangeError)
+
+
+def run_error(model: str, code: int) -> RunError:
+    """The exception for status ``code`` of model ``model``'s run."""
+    for cls in RUN_ERRORS:
+        if cls.code == code:
+            return cls(model)
+    return RunError(model, code)

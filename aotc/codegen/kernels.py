@@ -5,6 +5,11 @@
 ``args`` holds the buffers the kernel reads and writes (in the order of ``KernelSource.args``); a
 kernel computes only its share ``task`` of ``ntasks`` of the work, so a caller may run the shares
 on several threads. The uniform signature keeps the run function and any thread pool trivial.
+
+A kernel that can fail on its data (an out-of-range index) names ``aotc_status`` in its code: it then
+gets one more argument, the run's status word (an ``int *``, after the scratch if any), which it sets
+with an atomic store (its tasks may fail at once) before returning; the run function checks the
+word after that kernel only, so kernels that cannot fail cost nothing.
 """
 
 from __future__ import annotations
@@ -33,9 +38,10 @@ class KernelSource:
     scratch: bool = False
     notes: list[str] = field(default_factory=list)
     finish: str | None = None       # a second function (same args), run once after all tasks of fn
+    status: bool = False            # takes the run's status word (last argument) and may set it
 
 
-def _declare(args: list[tuple[Value, str]], names: list[str], scratch: bool) -> str:
+def _declare(args: list[tuple[Value, str]], names: list[str], scratch: bool, status: bool = False) -> str:
     lines = []
     for i, ((v, role), name) in enumerate(zip(args, names, strict=True)):
         t = dtypes.c_type(v.dtype)
@@ -45,6 +51,8 @@ def _declare(args: list[tuple[Value, str]], names: list[str], scratch: bool) -> 
         lines.append(f"  float *restrict scratch = (float *)args[{len(args)}];")
     else:
         lines.append("  float *scratch = 0; (void)scratch;")
+    if status:
+        lines.append(f"  int *const aotc_status = (int *)args[{len(args) + scratch}]; (void)aotc_status;")
     return "\n".join(lines)
 
 
@@ -56,12 +64,13 @@ def _function(fn: str, k: Kernel, args: list[tuple[Value, str]], names: list[str
     args = [a for a, _ in used]
     names = [n for _, n in used]
     unused = "".join(f" (void){n};" for n in names) if finish is not None else ""
+    status = any(re.search(r"\baotc_status\b", b) for b in bodies.values())
     code = f"{helpers}/* {k.name}: {' + '.join(k.ops)} */\n" + "".join(
         f"void {name}(void *const *args, size_t task, size_t ntasks) {{\n"
-        f"{_declare(args, names, scratch)}\n"
+        f"{_declare(args, names, scratch, status)}\n"
         + f"  (void)task; (void)ntasks;{unused}\n"
         + "  " + b.replace("\n", "\n  ") + "\n}\n" for name, b in bodies.items())
-    return KernelSource(fn, code, args, scratch, finish=None if finish is None else f"{fn}_finish")
+    return KernelSource(fn, code, args, scratch, finish=None if finish is None else f"{fn}_finish", status=status)
 
 
 def _external(k: Kernel) -> tuple[list[tuple[Value, str]], list[str], dict[int, str]]:

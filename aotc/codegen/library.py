@@ -13,6 +13,7 @@ import numpy as np
 from aotc import __version__
 from aotc.codegen.kernels import KernelSource, emit_kernel
 from aotc.codegen.names import Mangler, c_string, comment
+from aotc.errors import RUN_ERRORS
 from aotc.ir import dtypes
 from aotc.ir.graph import Graph, Value
 from aotc.passes.fuse import storage_root
@@ -143,6 +144,8 @@ def generate(graph: Graph, name: str, input_names: list[str], output_names: list
         root = storage_root(v)
         t = dtypes.c_type(v.dtype)
         if root.is_const:
+            if root.size == 0:  # nothing to read, and no blob when every constant is empty
+                return "(void *)0"
             return f"(void *)({name}_consts + {blob.offset(root)})"
         if id(root) in in_index:
             return f"(void *)inputs[{in_index[id(root)]}]"
@@ -159,15 +162,18 @@ def generate(graph: Graph, name: str, input_names: list[str], output_names: list
             args.append(f"(void *)(ws + {plan.partials[k.index].offset}) /* partials, shared by the tasks */")
         elif src.scratch:
             args.append(f"(void *)(ws + {plan.scratch_offset}) /* scratch, one slot per task */")
+        if src.status:
+            args.append("(void *)&status")
         calls.append({"fn": src.fn, "finish": src.finish, "args": args, "name": k.name, "max_tasks": max_tasks(k),
-                      "comment": comment(f"{k.name}: {' + '.join(k.ops)}", 100)})
+                      "comment": comment(f"{k.name}: {' + '.join(k.ops)}", 100), "status": src.status})
 
     common = {"name": name, "version": __version__, "api": API, "profile": profile, "pool": pool,
               "num_kernels": len(calls), "scratch_per_thread": lib.scratch_per_thread,
-              "workspace_bytes": lib.workspace_bytes}
+              "workspace_bytes": lib.workspace_bytes, "statuses": RUN_ERRORS}
     files: dict[str, str | bytes] = {}
     files[f"{name}.h"] = env().get_template("header.h.j2").render(
-        **common, source=comment(source, 60), inputs=lib.inputs, outputs=lib.outputs)
+        **common, source=comment(source, 60), inputs=lib.inputs, outputs=lib.outputs,
+        checked=[c["comment"] for c in calls if c["status"]])
     files[f"{name}.c"] = env().get_template("model.c.j2").render(
         **common, inputs=lib.inputs, outputs=lib.outputs, calls=calls)
     if pool:

@@ -8,15 +8,21 @@ Tile, Pad (all modes), DepthToSpace/SpaceToDepth, Split and Resize (nearest/line
 coordinate transformation, antialias) are all tables computed here at compile time, so one small C
 loop nest serves them all. A negative offset marks "outside the input" (Pad's constant, Resize's
 extrapolation value).
+
+A table costs compile-time memory and C source in proportion to its dimension, which a model can
+make huge (Tile with repeats [2^30]), so a dimension longer than ``MAX_TABLE`` computes its offsets
+in C instead (``DimExpr``); Resize, whose taps have no closed form here, refuses such a dimension.
 """
 
 from __future__ import annotations
 
 import string
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
-from aotc.errors import AotcError
+from aotc.errors import AotcError, IndexOutOfRangeError
 from aotc.ir import dtypes
 from aotc.ir.graph import Node
 from aotc.ops.common import (
@@ -44,11 +50,33 @@ def _where(node: Node) -> str:
     return f"{node.op} node {node.name!r}"
 
 
-def separable_gather(x: str, y: str, ctype: str, out_shape: Shape, offsets: list[np.ndarray],
+# Entries of one dimension's offset table (about 0.5 MB of C); a longer dimension uses a DimExpr.
+MAX_TABLE = 1 << 16
+
+
+@dataclass(frozen=True)
+class DimExpr:
+    """The offsets along one output dimension as a C int64 expression of its index ``{i}`` (one tap,
+    no weight); ``fills``: it is negative where the output is outside the input."""
+
+    code: str
+    fills: bool = False
+
+
+Offsets = np.ndarray | DimExpr
+
+
+def dim_offsets(n: int, table: Callable[[], np.ndarray], code: str, fills: bool = False) -> Offsets:
+    """A dimension of length ``n``: its table from ``table()`` when short, else the expression ``code``."""
+    return table() if n <= MAX_TABLE else DimExpr(code, fills)
+
+
+def separable_gather(x: str, y: str, ctype: str, out_shape: Shape, offsets: list[Offsets],
                      weights: list[np.ndarray | None] | None = None, fill: str = "0",
                      tag: str = "g") -> str:
     """C statements writing ``y`` (``out_shape``) from ``x``. ``offsets[d]`` is (out_shape[d], T_d)
-    int64 input-offset contributions; ``weights[d]`` (same shape) or None for a plain gather."""
+    int64 input-offset contributions, or a DimExpr; ``weights[d]`` (same shape) or None for a plain
+    gather."""
     if int(np.prod(out_shape)) == 0:
         return "(void)0;"
     if not out_shape:  # rank 0: one element
@@ -59,13 +87,21 @@ def separable_gather(x: str, y: str, ctype: str, out_shape: Shape, offsets: list
     wtype = ctype if ctype in ("float", "double") else "double"
     lines: list[str] = []
     taps = []
+    exprs: dict[int, str] = {}
+    may_fill = False
     for d, (off, w) in enumerate(zip(offsets, weights, strict=True)):
+        if isinstance(off, DimExpr):
+            assert w is None
+            taps.append(1)
+            exprs[d] = "(" + off.code.format(i=f"(int64_t)i{d}") + ")"
+            may_fill |= off.fills
+            continue
         off = np.asarray(off, np.int64).reshape(out_shape[d], -1)
         taps.append(off.shape[1])
+        may_fill |= bool((off < 0).any())
         lines.append(c_array("int64_t", f"{tag}o{d}", off))
         if w is not None:
             lines.append(c_array(wtype, f"{tag}w{d}", np.asarray(w).reshape(off.shape)))
-    may_fill = any((np.asarray(o) < 0).any() for o in offsets)
     lines.append(f"for (size_t i0 = task; i0 < {out_shape[0]}; i0 += ntasks) {{")
     for d in range(1, rank):
         lines.append(f"for (size_t i{d} = 0; i{d} < {out_shape[d]}; i{d}++) {{")
@@ -74,8 +110,10 @@ def separable_gather(x: str, y: str, ctype: str, out_shape: Shape, offsets: list
         flat = f"({flat}) * {out_shape[d]} + i{d}"
     tap_dims = [d for d in range(rank) if taps[d] > 1 or weights[d] is not None]
 
-    def at(d: str | int, t: str) -> str:
-        return f"{tag}o{d}[i{d} * {taps[int(d)]} + {t}]" if taps[int(d)] > 1 else f"{tag}o{d}[i{d}]"
+    def at(d: int, t: str) -> str:
+        if d in exprs:
+            return exprs[d]
+        return f"{tag}o{d}[i{d} * {taps[d]} + {t}]" if taps[d] > 1 else f"{tag}o{d}[i{d}]"
 
     def read(off: str) -> str:
         return f"({off} < 0 ? {fill} : {x}[{off}])" if may_fill else f"{x}[{off}]"
@@ -121,8 +159,8 @@ def _tile_infer(node: Node):
 def _tile_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
     x = _in(node)
     out = node.outputs[0].shape
-    offs = [_dim_offsets(np.arange(n) % max(d, 1), s) for n, d, s in zip(out, x.shape, contiguous_strides(x.shape),
-                                                                         strict=True)]
+    offs = [dim_offsets(n, lambda n=n, d=d, s=s: _dim_offsets(np.arange(n) % max(d, 1), s), f"({{i}} % {d}) * {s}")
+            for n, d, s in zip(out, x.shape, contiguous_strides(x.shape), strict=True)]
     return separable_gather(ins[0], outs[0], ctype, out, offs)
 
 
@@ -173,12 +211,33 @@ def _pad_index(j: np.ndarray, n: int, mode: str) -> tuple[np.ndarray, np.ndarray
     raise AotcError(f"Pad: unknown mode {mode!r}")
 
 
+def _pad_expr(b: int, n: int, mode: str, stride: int) -> DimExpr:
+    """``_pad_index`` in C: the offset of output index {i} (input index j = i - b, n long)."""
+    j = f"({{i}} - {b})"
+    if mode == "constant" or n == 0:
+        return DimExpr(f"{j} >= 0 && {j} < {n} ? {j} * {stride} : {_OUTSIDE}", fills=True)
+    if mode == "edge":
+        at = f"({j} < 0 ? 0 : {j} >= {n} ? {n - 1} : {j})"
+    elif mode == "wrap":
+        at = f"(({j} % {n} + {n}) % {n})"
+    elif mode == "reflect":
+        period = 2 * (n - 1)
+        k = f"(({j} < 0 ? -{j} : {j}) % {period})" if n > 1 else "0"
+        at = f"({k} >= {n} ? {period} - {k} : {k})" if n > 1 else "0"
+    else:
+        raise AotcError(f"Pad: unknown mode {mode!r}")
+    return DimExpr(f"{at} * {stride}")
+
+
 def _pad_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
     x = _in(node)
     mode = node.attr("mode", "constant")
     out = node.outputs[0].shape
-    offs = []
+    offs: list[Offsets] = []
     for n, d, s, (b, _) in zip(out, x.shape, contiguous_strides(x.shape), _pads(node), strict=True):
+        if n > MAX_TABLE:
+            offs.append(_pad_expr(b, d, mode, s))
+            continue
         idx, valid = _pad_index(np.arange(n) - b, d, mode)
         offs.append(_dim_offsets(idx, s, valid))
     if "value" in node.attrs:  # opset < 11
@@ -210,30 +269,61 @@ def _d2s_infer(node: Node):
     return [((n, c * b * b, h // b, w // b), x.dtype)]
 
 
+class _CIndex:
+    """A C int64 expression that numpy-style index arithmetic (``i // b * s + i % b``) builds on, so
+    one formula gives both a dimension's table and its C expression. Every operand is non-negative,
+    where C's / and % agree with Python's // and %."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def _op(self, op: str, other: object, swap: bool = False) -> _CIndex:
+        o = other.text if isinstance(other, _CIndex) else str(other)
+        return _CIndex(f"({o} {op} {self.text})" if swap else f"({self.text} {op} {o})")
+
+    def __add__(self, o: object) -> _CIndex:
+        return self._op("+", o)
+
+    def __radd__(self, o: object) -> _CIndex:
+        return self._op("+", o, swap=True)
+
+    def __mul__(self, o: object) -> _CIndex:
+        return self._op("*", o)
+
+    def __rmul__(self, o: object) -> _CIndex:
+        return self._op("*", o, swap=True)
+
+    def __floordiv__(self, o: object) -> _CIndex:
+        return self._op("/", o)
+
+    def __mod__(self, o: object) -> _CIndex:
+        return self._op("%", o)
+
+
 def _d2s_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
     x = _in(node)
     b = int(node.attr("blocksize"))
     sn, sc, sh, sw = contiguous_strides(x.shape)
     on, oc, oh, ow = node.outputs[0].shape
+    # Each dimension's offset as a function of its index, for numpy (a table) and for C.
     if node.op == "DepthToSpace":
         cp = oc
         crd = node.attr("mode", "DCR") == "CRD"
-        i, j = np.arange(oh) % b, np.arange(ow) % b
-        offs = [np.arange(on) * sn,
-                np.arange(oc) * (b * b * sc if crd else sc),
-                (np.arange(oh) // b) * sh + i * (b * sc if crd else b * cp * sc),
-                (np.arange(ow) // b) * sw + j * (sc if crd else cp * sc)]
+        hs, ws = (b * sc, sc) if crd else (b * cp * sc, cp * sc)
+        maps = [lambda i: i * sn, lambda i: i * (b * b * sc if crd else sc),
+                lambda i: (i // b) * sh + (i % b) * hs, lambda i: (i // b) * sw + (i % b) * ws]
     else:
         c = x.shape[1]
-        co = np.arange(oc)
-        if node.attr("mode", "DCR") == "CRD":  # channel-major: c * b * b + block
-            blk, ch = co % (b * b), co // (b * b)
-        else:
-            blk, ch = co // c, co % c
-        offs = [np.arange(on) * sn, ch * sc + (blk // b) * sh + (blk % b) * sw,
-                np.arange(oh) * b * sh, np.arange(ow) * b * sw]
-    return separable_gather(ins[0], outs[0], ctype, (on, oc, oh, ow),
-                            [np.asarray(o, np.int64).reshape(-1, 1) for o in offs])
+        crd = node.attr("mode", "DCR") == "CRD"  # channel-major: c * b * b + block
+        bb = b * b
+
+        def chan(i):
+            blk, ch = (i % bb, i // bb) if crd else (i // c, i % c)
+            return ch * sc + (blk // b) * sh + (blk % b) * sw
+        maps = [lambda i: i * sn, chan, lambda i: i * b * sh, lambda i: i * b * sw]
+    offs = [dim_offsets(n, lambda n=n, f=f: np.asarray(f(np.arange(n)), np.int64).reshape(-1, 1),
+                        f(_CIndex("{i}")).text) for n, f in zip((on, oc, oh, ow), maps, strict=True)]
+    return separable_gather(ins[0], outs[0], ctype, (on, oc, oh, ow), offs)
 
 
 register(OpDef("DepthToSpace", "kernel", _d2s_infer, emit=_d2s_emit))
@@ -274,7 +364,8 @@ def _split_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
     code, start = [], 0
     for k, (y, s) in enumerate(zip(outs, sizes, strict=True)):
         shape = (*x.shape[:axis], s, *x.shape[axis + 1:])
-        offs = [_dim_offsets(np.arange(n) + (start if d == axis else 0), strides[d])
+        offs = [dim_offsets(n, lambda n=n, d=d, k=start if d == axis else 0: _dim_offsets(np.arange(n) + k, strides[d]),
+                            f"({{i}} + {start if d == axis else 0}) * {strides[d]}")
                 for d, n in enumerate(shape)]
         code.append("{\n" + separable_gather(ins[0], y, ctype, shape, offs, tag=f"s{k}_") + "\n}")
         start += s
@@ -407,6 +498,19 @@ def resize_axis_weights(node: Node, n_in: int, n_out: int, scale: float,
     return idx, w
 
 
+# Taps (output length x taps per output) a resized axis may tabulate.
+MAX_RESIZE_TABLE = 1 << 20
+
+
+def _resize_taps(node: Node, scale: float) -> int:
+    """An upper bound of the taps per output index that ``_coeffs`` computes."""
+    mode = node.attr("mode", "nearest")
+    support = {"nearest": 1, "linear": 1}.get(mode, 2)
+    if bool(node.attr("antialias", 0)) and 0 < scale < 1 and mode != "nearest":
+        return 2 * int(np.floor(support / scale)) + 2
+    return 2 * support
+
+
 def _resize_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
     x = _in(node)
     out, scales, roi = _resize_params(node)
@@ -419,9 +523,13 @@ def _resize_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str
         ident = n_in == n_out and abs(scales[d] - 1) < 1e-12 and (
             roi is None or (roi[d] == 0 and roi[rank + d] == 1))
         if ident:
-            offs.append(np.arange(n_out, dtype=np.int64).reshape(-1, 1) * stride)
+            offs.append(dim_offsets(n_out, lambda n=n_out, s=stride: np.arange(n, dtype=np.int64).reshape(-1, 1) * s,
+                                    f"{{i}} * {stride}"))
             weights.append(None)
             continue
+        if n_out * _resize_taps(node, scales[d]) > MAX_RESIZE_TABLE:
+            raise AotcError(f"{_where(node)}: output axis {d} of {n_out} elements needs a table of more than "
+                            f"{MAX_RESIZE_TABLE} taps")
         idx, w = resize_axis_weights(node, n_in, n_out, scales[d],
                                      None if roi is None else (roi[d], roi[rank + d]))
         # Merge taps that read the same (clamped) pixel, and drop zero weights.
@@ -601,30 +709,77 @@ def _unravel(name: str, shape: Shape) -> list[str]:
     return [f"(({name} / {s}) % {d})" for s, d in zip(strides, shape, strict=True)]
 
 
-def _fix_index(e: str, dim: int) -> str:
-    # Negative indices count from the end; out-of-range ones are clamped so a bad input cannot read
-    # or write outside the buffer.
-    q = f"((int64_t)({e}) < 0 ? (int64_t)({e}) + {dim} : (int64_t)({e}))"
-    return f"({q} < 0 ? 0 : ({q} >= {dim} ? {max(dim - 1, 0)} : {q}))"
+def set_status(code: int) -> str:
+    """A C statement reporting ``code`` through the run's status word (see aotc/codegen/kernels.py);
+    atomic, as several tasks of a kernel may fail at once."""
+    return f"__atomic_store_n(aotc_status, {code}, __ATOMIC_RELAXED);"
 
 
-def _gather_elements_infer(node: Node):
-    return [(_in(node, 1).shape, _in(node).dtype)]
+def checked_index(node: Node, var: str, e: str, dim: int, values: np.ndarray | None, what: str = "index") -> str:
+    """C statements setting ``int64_t var`` to the index ``e`` on an axis of length ``dim``, a negative
+    one counting from the end as in ONNX (-dim..-1). An index outside that range makes the kernel
+    set ERR_INDEX_OUT_OF_RANGE and return before it reads or writes anything with it: one compare,
+    as the clamp it replaced. ``values``: the index's values when they are compile-time constants,
+    checked here instead, so that the C does not check them."""
+    head = f"int64_t {var} = (int64_t)({e});\nif ({var} < 0) {var} += {dim};"
+    if values is None:
+        return head + f"\nif ({var} < 0 || {var} >= {dim}) {{ {set_status(IndexOutOfRangeError.code)} return; }}"
+    bad = values[(values < -dim) | (values >= dim)]
+    if bad.size:
+        raise AotcError(f"{_where(node)}: {what} {int(bad.reshape(-1)[0])} is out of range for an axis of "
+                        f"length {dim} (valid: {-dim}..{dim - 1})")
+    return head
+
+
+def _const_indices(node: Node, i: int = 1) -> np.ndarray | None:
+    v = _in(node, i)
+    return np.asarray(v.const).astype(np.int64) if v.is_const else None
+
+
+def _indent(code: str, n: int = 2) -> str:
+    return "\n".join(" " * n + line for line in code.split("\n"))
+
+
+def _elements_infer(node: Node):
+    """GatherElements, ScatterElements: indices of the data's rank that fit in it off the axis (or
+    their off-axis coordinates would address past the data)."""
+    x, idx = _in(node), _in(node, 1)
+    axis = norm_axis(node.attr("axis", 0), len(x.shape), node)
+    if len(idx.shape) != len(x.shape):
+        raise AotcError(f"{_where(node)}: indices have rank {len(idx.shape)}, data has rank {len(x.shape)}")
+    too_big = [d for d in range(len(x.shape)) if d != axis and idx.shape[d] > x.shape[d]]
+    if too_big:
+        d = too_big[0]
+        raise AotcError(f"{_where(node)}: indices shape {list(idx.shape)} exceeds data shape {list(x.shape)} "
+                        f"on axis {d}")
+    if node.op == "GatherElements":
+        return [(idx.shape, x.dtype)]
+    upd = _in(node, 2)
+    if upd.shape != idx.shape:
+        raise AotcError(f"{_where(node)}: updates shape {list(upd.shape)} differs from indices shape "
+                        f"{list(idx.shape)}")
+    return [(x.shape, x.dtype)]
+
+
+def _element_offset(node: Node, idx_shape: Shape, axis: int) -> str:
+    """The flat data offset of element ``e`` of the indices, with ``k`` its checked index on ``axis``."""
+    x = _in(node)
+    pos = _unravel("e", idx_shape)
+    pos[axis] = "k"
+    return " + ".join(f"(size_t){p} * {s}" for p, s in zip(pos, contiguous_strides(x.shape), strict=True)) or "0"
 
 
 def _gather_elements_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
     x, idx = _in(node), _in(node, 1)
     axis = norm_axis(node.attr("axis", 0), len(x.shape), node)
-    n = idx.size
-    if n == 0:
+    if idx.size == 0:
         return "(void)0;"
-    pos = _unravel("e", idx.shape)
-    pos[axis] = _fix_index(f"{ins[1]}[e]", x.shape[axis])
-    off = " + ".join(f"(size_t){p} * {s}" for p, s in zip(pos, contiguous_strides(x.shape), strict=True))
-    return f"for (size_t e = task; e < {n}; e += ntasks) {outs[0]}[e] = {ins[0]}[{off or 0}];"
+    k = checked_index(node, "k", f"{ins[1]}[e]", x.shape[axis], _const_indices(node))
+    return (f"for (size_t e = task; e < {idx.size}; e += ntasks) {{\n{_indent(k)}\n"
+            f"  {outs[0]}[e] = {ins[0]}[{_element_offset(node, idx.shape, axis)}];\n}}")
 
 
-register(OpDef("GatherElements", "kernel", _gather_elements_infer, emit=_gather_elements_emit))
+register(OpDef("GatherElements", "kernel", _elements_infer, emit=_gather_elements_emit))
 
 
 # ScatterElements/ScatterND ``reduction``: the C statement that combines an update u into d.
@@ -635,25 +790,45 @@ _SCATTER_UPDATE = {"none": "{d} = {u};", "add": "{d} += {u};", "mul": "{d} *= {u
 def _scatter_elements_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
     x, idx = _in(node), _in(node, 1)
     axis = norm_axis(node.attr("axis", 0), len(x.shape), node)
-    pos = _unravel("e", idx.shape)
-    pos[axis] = _fix_index(f"{ins[1]}[e]", x.shape[axis])
-    off = " + ".join(f"(size_t){p} * {s}" for p, s in zip(pos, contiguous_strides(x.shape), strict=True))
-    red = node.attr("reduction", "none")
-    upd = _SCATTER_UPDATE[red]
+    upd = _SCATTER_UPDATE[node.attr("reduction", "none")]
     # Sequential: later updates win, like the reference; one task does it all.
-    return (f"if (task != 0) return;\n"
-            f"memcpy({outs[0]}, {ins[0]}, {x.size} * sizeof({ctype}));\n"
-            f"for (size_t e = 0; e < {idx.size}; e++) {{ const size_t at = {off or 0}; "
-            + upd.format(d=f"{outs[0]}[at]", u=f"{ins[2]}[e]") + " }")
+    code = f"if (task != 0) return;\nmemcpy({outs[0]}, {ins[0]}, {x.size} * sizeof({ctype}));"
+    if idx.size == 0:
+        return code
+    k = checked_index(node, "k", f"{ins[1]}[e]", x.shape[axis], _const_indices(node))
+    return (code + f"\nfor (size_t e = 0; e < {idx.size}; e++) {{\n{_indent(k)}\n"
+            f"  const size_t at = {_element_offset(node, idx.shape, axis)};\n"
+            f"  {upd.format(d=f'{outs[0]}[at]', u=f'{ins[2]}[e]')}\n}}")
 
 
-register(OpDef("ScatterElements", "kernel", _same, emit=_scatter_elements_emit))
+register(OpDef("ScatterElements", "kernel", _elements_infer, emit=_scatter_elements_emit))
+
+
+def _nd_address(node: Node, ins: list[str], first_axis: int) -> str:
+    """C statements: ``size_t at``, the data offset that index tuple ``j`` (the last axis of the
+    indices) addresses, each component checked against its axis from ``first_axis`` on."""
+    x, idx = _in(node), _in(node, 1)
+    q = idx.shape[-1]
+    xs = contiguous_strides(x.shape)
+    values = _const_indices(node)
+    lines = ["size_t at = 0;"]
+    for t in range(q):
+        col = None if values is None else values[..., t]
+        lines += [checked_index(node, f"k{t}", f"{ins[1]}[j * {q} + {t}]", x.shape[first_axis + t], col),
+                  f"at += (size_t)k{t} * {xs[first_axis + t]};"]
+    return "\n".join(lines)
 
 
 def _gather_nd_infer(node: Node):
     x, idx = _in(node), _in(node, 1)
     b = int(node.attr("batch_dims", 0))
-    q = idx.shape[-1]
+    q = idx.shape[-1] if idx.shape else -1
+    if not 0 <= b < min(len(x.shape), len(idx.shape)) or idx.shape[:b] != x.shape[:b]:
+        raise AotcError(f"{_where(node)}: batch_dims {b} does not fit data shape {list(x.shape)} and indices "
+                        f"shape {list(idx.shape)}")
+    if not 1 <= q <= len(x.shape) - b:
+        raise AotcError(f"{_where(node)}: index tuples of length {q} for data of rank {len(x.shape)} "
+                        f"(batch_dims {b})")
     return [((*idx.shape[:-1], *x.shape[b + q:]), x.dtype)]
 
 
@@ -664,15 +839,26 @@ def _gather_nd_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> 
     inner = int(np.prod(x.shape[b + q:]))
     nb = int(np.prod(x.shape[:b]))
     per_batch = int(np.prod(idx.shape[b:-1]))
-    xs = contiguous_strides(x.shape)
-    terms = " + ".join(f"(size_t){_fix_index(f'{ins[1]}[j * {q} + {t}]', x.shape[b + t])} * {xs[b + t]}"
-                       for t in range(q)) or "0"
+    if nb * per_batch * inner == 0:
+        return "(void)0;"
     return (f"for (size_t j = task; j < {nb * per_batch}; j += ntasks) {{\n"
-            f"  const size_t at = (j / {max(per_batch, 1)}) * {int(np.prod(x.shape[b:]))} + {terms};\n"
+            f"{_indent(_nd_address(node, ins, b))}\n"
+            f"  at += (j / {per_batch}) * {int(np.prod(x.shape[b:]))};\n"
             f"  memcpy({outs[0]} + j * {inner}, {ins[0]} + at, {inner} * sizeof({ctype}));\n}}")
 
 
 register(OpDef("GatherND", "kernel", _gather_nd_infer, emit=_gather_nd_emit))
+
+
+def _scatter_nd_infer(node: Node):
+    x, idx, upd = _in(node), _in(node, 1), _in(node, 2)
+    q = idx.shape[-1] if idx.shape else -1
+    if not 1 <= q <= len(x.shape):
+        raise AotcError(f"{_where(node)}: index tuples of length {q} for data of rank {len(x.shape)}")
+    want = (*idx.shape[:-1], *x.shape[q:])
+    if upd.shape != want:
+        raise AotcError(f"{_where(node)}: updates shape {list(upd.shape)}, expected {list(want)}")
+    return [(x.shape, x.dtype)]
 
 
 def _scatter_nd_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
@@ -680,20 +866,16 @@ def _scatter_nd_emit(node: Node, ins: list[str], outs: list[str], ctype: str) ->
     q = idx.shape[-1]
     inner = int(np.prod(x.shape[q:]))
     n = int(np.prod(idx.shape[:-1]))
-    xs = contiguous_strides(x.shape)
-    terms = " + ".join(f"(size_t){_fix_index(f'{ins[1]}[j * {q} + {t}]', x.shape[t])} * {xs[t]}"
-                       for t in range(q)) or "0"
-    red = node.attr("reduction", "none")
-    upd = _SCATTER_UPDATE[red]
-    return (f"if (task != 0) return;\n"
-            f"memcpy({outs[0]}, {ins[0]}, {x.size} * sizeof({ctype}));\n"
-            f"for (size_t j = 0; j < {n}; j++) {{\n"
-            f"  const size_t at = {terms};\n"
+    upd = _SCATTER_UPDATE[node.attr("reduction", "none")]
+    code = f"if (task != 0) return;\nmemcpy({outs[0]}, {ins[0]}, {x.size} * sizeof({ctype}));"
+    if n * inner == 0:
+        return code
+    return (code + f"\nfor (size_t j = 0; j < {n}; j++) {{\n{_indent(_nd_address(node, ins, 0))}\n"
             f"  for (size_t e = 0; e < {inner}; e++) "
             + upd.format(d=f"{outs[0]}[at + e]", u=f"{ins[2]}[j * {inner} + e]") + "\n}")
 
 
-register(OpDef("ScatterND", "kernel", _same, emit=_scatter_nd_emit))
+register(OpDef("ScatterND", "kernel", _scatter_nd_infer, emit=_scatter_nd_emit))
 
 
 def _onehot_infer(node: Node):
@@ -741,28 +923,60 @@ def _cos_emit(node: Node, _ins: list[str], outs: list[str], ctype: str) -> str:
 register(OpDef("ConstantOfShape", "kernel", _cos_infer, emit=_cos_emit, const_inputs=(0,)))
 
 
+# A generator folds into a constant up to this size (as aotc.passes.propagate folds); a larger one is
+# a kernel, so that the compile never holds an array the size of the output.
+_FOLD_BYTES = 16 << 20
+
+
+def _range_length(node: Node) -> int:
+    start, limit, delta = (np.asarray(const_input(node, i, "Range's operands")).reshape(()) for i in range(3))
+    if delta == 0:
+        raise AotcError(f"{_where(node)}: delta is 0")
+    return max(int(np.ceil((limit - start) / delta)), 0)
+
+
 def _range_fold(node: Node, args: list[np.ndarray]) -> list[np.ndarray]:
-    start, limit, delta = (np.asarray(a).reshape(()) for a in args)
-    n = max(int(np.ceil((limit - start) / delta)), 0)
+    start, _, delta = (np.asarray(a).reshape(()) for a in args)
+    n = _range_length(node)
+    if n * start.itemsize > _FOLD_BYTES:
+        raise ValueError("too large to fold: the kernel computes it")
     return [(start + np.arange(n) * delta).astype(start.dtype)]
 
 
-def _range_infer(node: Node):
-    args = [const_input(node, i, "Range's operands") for i in range(3)]
-    return [(_range_fold(node, args)[0].shape, _in(node).dtype)]
+def _range_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
+    # As the fold computes it: in double for floats (numpy's int64 * float32 is float64), else in int64.
+    wide = "double" if ctype in ("float", "double", "_Float16") else "int64_t"
+    return (f"for (size_t i = task; i < {node.outputs[0].size}; i += ntasks) "
+            f"{outs[0]}[i] = ({ctype})(({wide}){ins[0]}[0] + ({wide})(int64_t)i * ({wide}){ins[2]}[0]);")
 
 
-register(OpDef("Range", "kernel", _range_infer, fold=_range_fold, const_inputs=(0, 1, 2)))
+register(OpDef("Range", "kernel", lambda n: [((_range_length(n),), _in(n).dtype)], fold=_range_fold,
+               emit=_range_emit, const_inputs=(0, 1, 2)))
+
+
+def _eyelike_infer(node: Node):
+    x = _in(node)
+    if len(x.shape) != 2:
+        raise AotcError(f"{_where(node)}: input must be 2-D, got shape {list(x.shape)}")
+    return [(x.shape, dtypes.from_onnx(int(node.attrs["dtype"])) if "dtype" in node.attrs else x.dtype)]
 
 
 def _eyelike_fold(node: Node, _args: list) -> list[np.ndarray]:
-    x = _in(node)
-    dt = dtypes.from_onnx(int(node.attrs["dtype"])) if "dtype" in node.attrs else x.dtype
-    return [np.eye(x.shape[0], x.shape[1], k=int(node.attr("k", 0)), dtype=dt)]
+    (shape, dt), = _eyelike_infer(node)
+    return [np.eye(shape[0], shape[1], k=int(node.attr("k", 0)), dtype=dt)]
 
 
-register(OpDef("EyeLike", "static", lambda n: [(_in(n).shape, _eyelike_fold(n, [])[0].dtype)],
-               fold=_eyelike_fold))
+def _eyelike_emit(node: Node, _ins: list[str], outs: list[str], ctype: str) -> str:
+    rows, cols = node.outputs[0].shape
+    if rows * cols == 0:
+        return "(void)0;"
+    return (f"for (size_t r = task; r < {rows}; r += ntasks)\n"
+            f"  for (size_t c = 0; c < {cols}; c++) "
+            f"{outs[0]}[r * {cols} + c] = ({ctype})((int64_t)c - (int64_t)r == {int(node.attr('k', 0))});")
+
+
+# Folded when its input is a constant; otherwise a kernel (an identity the size of a run-time input).
+register(OpDef("EyeLike", "kernel", _eyelike_infer, fold=_eyelike_fold, emit=_eyelike_emit))
 
 
 # -- Einsum: a plain loop nest over every index letter -----------------------------------------------------
@@ -836,7 +1050,7 @@ def _window_infer(node: Node):
 for _w in ("HannWindow", "HammingWindow", "BlackmanWindow"):
     register(OpDef(_w, "kernel", _window_infer, const_inputs=(0,)))
 # ScatterElements under its pre-opset-11 name.
-register(OpDef("Scatter", "kernel", _same, emit=_scatter_elements_emit))
+register(OpDef("Scatter", "kernel", _elements_infer, emit=_scatter_elements_emit))
 
 
 # -- CenterCropPad: a centered crop or zero pad per axis -------------------------------------------------------
@@ -858,8 +1072,11 @@ def _ccp_params(node: Node) -> tuple[Shape, list[int]]:
 def _ccp_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
     x = _in(node)
     out, start = _ccp_params(node)
-    offs = []
+    offs: list[Offsets] = []
     for n, d, s, st in zip(out, x.shape, contiguous_strides(x.shape), start, strict=True):
+        if n > MAX_TABLE:
+            offs.append(_pad_expr(-st, d, "constant", s))
+            continue
         j = np.arange(n) + st
         offs.append(_dim_offsets(np.clip(j, 0, max(d - 1, 0)), s, (j >= 0) & (j < d)))
     return separable_gather(ins[0], outs[0], ctype, out, offs, fill=c_literal(0, ctype))
@@ -870,19 +1087,45 @@ register(OpDef("CenterCropPad", "kernel", lambda n: [(_ccp_params(n)[0], _in(n).
 
 
 # -- ReverseSequence, Compress ----------------------------------------------------------------------------------
+def _revseq_axes(node: Node) -> tuple[int, int]:
+    x, lens = _in(node), _in(node, 1)
+    ta, ba = int(node.attr("time_axis", 0)), int(node.attr("batch_axis", 1))
+    if len(x.shape) < 2 or {ta, ba} != {0, 1}:
+        raise AotcError(f"{_where(node)}: time_axis {ta} and batch_axis {ba} must be 0 and 1 (either order) "
+                        f"of an input of rank >= 2, got rank {len(x.shape)}")
+    if lens.shape != (x.shape[ba],):
+        raise AotcError(f"{_where(node)}: sequence_lens has shape {list(lens.shape)}, expected [{x.shape[ba]}]")
+    return ta, ba
+
+
 def _revseq_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
     x = _in(node)
-    ta = norm_axis(node.attr("time_axis", 0), len(x.shape), node)
-    ba = norm_axis(node.attr("batch_axis", 1), len(x.shape), node)
+    ta, ba = _revseq_axes(node)
+    if x.size == 0:
+        return "(void)0;"
     st = contiguous_strides(x.shape)
+    steps = x.shape[ta]
+    lens = _const_indices(node)
+    if lens is not None and ((lens < 0) | (lens > steps)).any():
+        bad = int(lens[(lens < 0) | (lens > steps)][0])
+        raise AotcError(f"{_where(node)}: sequence length {bad} is out of range 0..{steps}")
+    # A length outside 0..steps is an out-of-range index too: onnxruntime refuses it.
+    check = "" if lens is not None else (
+        f"  if (n < 0 || n > {steps}) {{ {set_status(IndexOutOfRangeError.code)} return; }}\n")
     return (f"for (size_t e = task; e < {x.size}; e += ntasks) {{\n"
-            f"  const int64_t t = (int64_t)((e / {st[ta]}) % {x.shape[ta]});\n"
+            f"  const int64_t t = (int64_t)((e / {st[ta]}) % {steps});\n"
             f"  const int64_t n = (int64_t){ins[1]}[(e / {st[ba]}) % {x.shape[ba]}];\n"
-            f"  const int64_t src = t < n && n <= {x.shape[ta]} ? n - 1 - t : t;\n"
+            + check +
+            f"  const int64_t src = t < n ? n - 1 - t : t;\n"
             f"  {outs[0]}[e] = {ins[0]}[(int64_t)e + (src - t) * {st[ta]}];\n}}")
 
 
-register(OpDef("ReverseSequence", "kernel", _same, emit=_revseq_emit))
+def _revseq_infer(node: Node):
+    _revseq_axes(node)
+    return _same(node)
+
+
+register(OpDef("ReverseSequence", "kernel", _revseq_infer, emit=_revseq_emit))
 
 
 def _compress_params(node: Node) -> tuple[int | None, np.ndarray]:
@@ -909,8 +1152,11 @@ def _compress_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> s
     if axis is None:
         return separable_gather(ins[0], outs[0], ctype, out, [sel.reshape(-1, 1)])
     st = contiguous_strides(x.shape)
-    offs = [(sel if d == axis else np.arange(n)) * st[d] for d, n in enumerate(out)]
-    return separable_gather(ins[0], outs[0], ctype, out, [np.asarray(o, np.int64).reshape(-1, 1) for o in offs])
+    # The selection is as long as the condition, a constant of the model; the other axes may be long.
+    offs = [_dim_offsets(sel, st[d]) if d == axis else
+            dim_offsets(n, lambda n=n, d=d: _dim_offsets(np.arange(n), st[d]), f"{{i}} * {st[d]}")
+            for d, n in enumerate(out)]
+    return separable_gather(ins[0], outs[0], ctype, out, offs)
 
 
 register(OpDef("Compress", "kernel", _compress_infer, emit=_compress_emit, const_inputs=(1,)))
@@ -932,23 +1178,32 @@ def _affine_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str
     spatial = size[2:]
     k = len(spatial)
     align = bool(node.attr("align_corners", 0))
-
-    def base(n: int) -> np.ndarray:
-        if align:
-            return np.linspace(-1.0, 1.0, n) if n > 1 else np.zeros(1)
-        return (2 * np.arange(n) + 1) / n - 1
-    # The output's last axis is (x, y[, z]): x follows the last spatial dim.
-    coords = np.stack(np.meshgrid(*[base(n) for n in spatial], indexing="ij")[::-1], -1).reshape(-1, k)
-    npts = coords.shape[0]
-    table = c_array("double", "base", coords)
-    return (table + f"\nfor (size_t e = task; e < {size[0] * npts}; e += ntasks) {{\n"
-            f"  const size_t n = e / {max(npts, 1)}, q = e % {max(npts, 1)};\n"
-            f"  const {ctype} *th = {ins[0]} + n * {k * (k + 1)};\n"
-            f"  for (size_t r = 0; r < {k}; r++) {{\n"
-            f"    double v = th[r * {k + 1} + {k}];\n"
-            f"    for (size_t c = 0; c < {k}; c++) v += th[r * {k + 1} + c] * base[q * {k} + c];\n"
-            f"    {outs[0]}[e * {k} + r] = ({ctype})v;\n"
-            f"  }}\n}}")
+    npts = int(np.prod(spatial))
+    if size[0] * npts == 0:
+        return "(void)0;"
+    # The output's last axis is (x, y[, z]): x follows the last spatial dim. Each base coordinate is
+    # computed as numpy computes the reference's grid (linspace: i * step + start, the end exact).
+    lines = [f"for (size_t e = task; e < {size[0] * npts}; e += ntasks) {{",
+             f"  const size_t n = e / {npts};",
+             f"  size_t q = e % {npts};",
+             f"  double base[{k}];"]
+    for c, m in enumerate(reversed(spatial)):
+        lines.append(f"  {{ const size_t i = q % {m}; q /= {m};")
+        if not align:
+            value = f"(double)(2 * i + 1) / {m}.0 - 1.0"
+        elif m == 1:
+            value = "0.0"
+        else:
+            value = f"i == {m - 1} ? 1.0 : (double)i * (2.0 / {m - 1}.0) + -1.0"
+        lines.append(f"    base[{c}] = {value}; }}")
+    lines += ["  (void)q;",
+              f"  const {ctype} *th = {ins[0]} + n * {k * (k + 1)};",
+              f"  for (size_t r = 0; r < {k}; r++) {{",
+              f"    double v = th[r * {k + 1} + {k}];",
+              f"    for (size_t c = 0; c < {k}; c++) v += th[r * {k + 1} + c] * base[c];",
+              f"    {outs[0]}[e * {k} + r] = ({ctype})v;",
+              "  }", "}"]
+    return "\n".join(lines)
 
 
 register(OpDef("AffineGrid", "kernel", _affine_infer, emit=_affine_emit, const_inputs=(1,)))

@@ -8,6 +8,7 @@ import numpy as np
 from aotc.errors import AotcError
 from aotc.ir.graph import Node
 from aotc.ops.common import broadcast_shapes, const_input, norm_axis
+from aotc.ops.index import checked_index
 from aotc.ops.registry import OpDef, register
 
 # An index map gives, for each dimension of a tensor, the loop it follows: (loop, scale, offset)
@@ -240,12 +241,13 @@ def _gather_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str
     outer = int(np.prod(x.shape[:axis]))
     inner = int(np.prod(x.shape[axis + 1:]))
     n, dim = idx.size, x.shape[axis]
-    # Out-of-range indices are clamped: a hostile input must not read outside the buffer.
+    if outer * n == 0:
+        return "(void)0;"
+    # An out-of-range index stops the run with ERR_INDEX_OUT_OF_RANGE (a constant one fails the compile).
+    k = checked_index(node, "k", f"{ins[1]}[j]", dim, idx.const.astype(np.int64) if idx.is_const else None)
     return (f"for (size_t o = task; o < {outer}; o += ntasks)\n"
             f"  for (size_t j = 0; j < {n}; j++) {{\n"
-            f"    int64_t k = (int64_t){ins[1]}[j];\n"
-            f"    if (k < 0) k += {dim};\n"
-            f"    k = k < 0 ? 0 : (k >= {dim} ? {dim - 1} : k);\n"
+            + "".join(f"    {line}\n" for line in k.split("\n")) +
             f"    memcpy({outs[0]} + (o * {n} + j) * {inner}, {ins[0]} + (o * {dim} + (size_t)k) * {inner}, "
             f"{inner} * sizeof({ctype}));\n"
             f"  }}")
