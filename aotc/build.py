@@ -23,6 +23,7 @@ import shutil
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -326,8 +327,10 @@ def _sigterm_exits() -> Iterator[None]:
 
 
 def _stop(proc: subprocess.Popen) -> None:
-    """Stop ninja: SIGTERM makes it stop its compilers (each in a process group of its own) and wait
-    for them; SIGKILL if it has not finished in 10 s."""
+    """Stop ninja and everything it started. SIGTERM makes ninja pass it to each compiler (each in
+    a process group of its own) and wait for them; SIGKILL if it has not finished in 10 s. A
+    compiler driver's own children (cc1, as) can outlive it by a moment: wait for the session ninja
+    leads to empty, and SIGKILL what is still there after 10 s."""
     for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, None)):
         try:
             os.killpg(proc.pid, sig)
@@ -335,9 +338,31 @@ def _stop(proc: subprocess.Popen) -> None:
             pass
         try:
             proc.wait(timeout=wait)
-            return
+            break
         except subprocess.TimeoutExpired:
             continue
+    deadline = time.monotonic() + 10
+    while (left := _session_members(proc.pid)) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _session_members(sid: int) -> list[int]:
+    """Live processes of session ``sid`` (read from Linux's /proc; none elsewhere)."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # After "(command)": state, ppid, process group, session.
+            state, _ppid, _pgrp, session = stat.read_text().rsplit(")", 1)[1].split()[:4]
+        except (OSError, IndexError, ValueError):
+            continue
+        if int(session) == sid and state != "Z":
+            pids.append(int(stat.parent.name))
+    return pids
 
 
 def _failure(build_dir: Path, lines: list[str], kernels: Sequence[str], log: Path) -> str:
