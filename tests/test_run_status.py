@@ -219,13 +219,17 @@ def test_constant_out_of_range_index_fails_the_compile(tmp_path):
     assert proc.stderr.startswith("aotc: error: Gather node 'pick': index -6 is out of range")
 
 
-def test_gather_with_empty_constant_indices(tmp_path):
-    model = _model([helper.make_node("Gather", ["x", "k"], ["y"], axis=1)], [("x", F, [3, 4])], ["y"],
-                   [("k", np.zeros((0,), np.int64))])
-    x = np.ones((3, 4), np.float32)
-    got = aotc.compile(model, out_dir=tmp_path, name="m").run({"x": x})
-    want = run_ort(model, {"x": x})
+def test_empty_constants(tmp_path):
+    """Gather with empty constant indices, and a MatMul reading an empty constant when the model has
+    no other: the constants' symbol exists (it was undeclared)."""
+    model = _model([helper.make_node("Gather", ["x", "k"], ["g"], axis=1),
+                    helper.make_node("MatMul", ["z", "w"], ["mm"])], [("x", F, [3, 4]), ("z", F, [2, 0])],
+                   ["g", "mm"], [("k", np.zeros((0,), np.int64)), ("w", np.zeros((0, 4), np.float32))])
+    feeds = {"x": np.ones((3, 4), np.float32), "z": np.ones((2, 0), np.float32)}
+    got = aotc.compile(model, out_dir=tmp_path, name="m").run(feeds)
+    want = run_ort(model, feeds)
     assert got[0].shape == want[0].shape == (3, 0)
+    np.testing.assert_array_equal(got[1], want[1])
 
 
 def test_long_dimensions_compute_offsets_in_c(tmp_path):
