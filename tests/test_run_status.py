@@ -101,6 +101,19 @@ def test_out_of_range_index_raises_like_onnxruntime(compiled, name, pos, value):
     m.run(_feeds())  # the next run starts with a clear status
 
 
+def test_cli_run_prints_the_status_on_one_line(compiled, tmp_path):
+    _, result = compiled
+    args = []
+    for name, value in _feeds(gi=(0, 9)).items():
+        np.save(tmp_path / f"{name}.npy", value)
+        args += ["--input", f"{name}={tmp_path / name}.npy"]
+    proc = subprocess.run([sys.executable, "-m", "aotc", "run", str(result.prefix), *args],
+                          capture_output=True, text=True)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("aotc: error: m_run returned 3 (M_ERR_INDEX_OUT_OF_RANGE): ")
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
 def test_exception_classes():
     assert issubclass(IndexOutOfRangeError, RunError) and issubclass(RunError, AotcError)
     assert issubclass(RunError, RuntimeError)  # what the bindings raised before there were classes
