@@ -277,21 +277,14 @@ class _CIndex:
     def __init__(self, text: str) -> None:
         self.text = text
 
-    def _op(self, op: str, other: object, swap: bool = False) -> _CIndex:
-        o = other.text if isinstance(other, _CIndex) else str(other)
-        return _CIndex(f"({o} {op} {self.text})" if swap else f"({self.text} {op} {o})")
+    def _op(self, op: str, other: object) -> _CIndex:
+        return _CIndex(f"({self.text} {op} {other.text if isinstance(other, _CIndex) else other})")
 
     def __add__(self, o: object) -> _CIndex:
         return self._op("+", o)
 
-    def __radd__(self, o: object) -> _CIndex:
-        return self._op("+", o, swap=True)
-
     def __mul__(self, o: object) -> _CIndex:
         return self._op("*", o)
-
-    def __rmul__(self, o: object) -> _CIndex:
-        return self._op("*", o, swap=True)
 
     def __floordiv__(self, o: object) -> _CIndex:
         return self._op("/", o)
