@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from models import make, vi
 from onnx import TensorProto, helper, numpy_helper
-from onnx_helpers import run_ort
+from onnx_helpers import run_generated_test_under_sanitizers, run_ort
 
 import aotc
 from aotc.codegen.names import Mangler, check_model_name, reserved
@@ -341,3 +341,16 @@ def test_det_of_a_large_matrix_does_not_use_the_stack(tmp_path) -> None:
     m = _model([node("Det", ["x"], ["y"])], [vi("x", [n, n])], [vi("y", [])])
     got = aotc.compile(m, tmp_path, "m").run({"x": x})[0]
     np.testing.assert_allclose(got, run_ort(m, {"x": x})[0], rtol=1e-3)
+
+
+def test_changed_kernels_under_sanitizers(tmp_path) -> None:
+    """The kernels changed here (the naive MatMul's computed batch offsets, Det in scratch on two
+    threads, LogSoftmax in float and double) are clean under ASan/UBSan."""
+    m = _model([node("MatMul", ["a", "b"], ["ab"]), node("Relu", ["ab"], ["y"]),
+                node("MatMul", ["ia", "ib"], ["y2"]), node("Det", ["d"], ["y3"]),
+                node("LogSoftmax", ["a"], ["y4"]), node("LogSoftmax", ["xd"], ["y5"], axis=0)],
+               [vi("a", [2, 1, 4, 8]), vi("b", [1, 3, 8, 5]), vi("ia", [3, 1, 2, 4], I32), vi("ib", [2, 4, 3], I32),
+                vi("d", [3, 5, 5]), vi("xd", [6, 3], D)],
+               [vi("y", [2, 3, 4, 5]), vi("y2", [3, 2, 2, 3], I32), vi("y3", [3]), vi("y4", [2, 1, 4, 8]),
+                vi("y5", [6, 3], D)])
+    run_generated_test_under_sanitizers(m, tmp_path)
