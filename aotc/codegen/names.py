@@ -96,6 +96,7 @@ def _named_identifiers() -> tuple[str, ...]:
     return tuple(sorted(found))
 
 
+@lru_cache(maxsize=8)
 def _library_pattern(model: str) -> re.Pattern[str]:
     named = [r.replace("{N}", re.escape(model)).replace("{U}", re.escape(model.upper()))
              for r in _named_identifiers()]
