@@ -22,7 +22,6 @@ from aotc.ir import dtypes
 from aotc.ir.graph import Graph
 from aotc.ops.dynamic import expose_counts
 from aotc.passes.pipeline import run_passes
-from aotc.passes.prune import apply_config
 from aotc.reference import random_inputs, run_reference, to_onnx
 from aotc.resources import runtime_dir, templates_dir
 from aotc.target import resolve
@@ -94,9 +93,7 @@ def compile_model(model: str | Path | onnx.ModelProto, out_dir: str | Path, name
     proto = model if isinstance(model, onnx.ModelProto) else load_model(model)
     cfg = load_config(config) if isinstance(config, (str, Path)) else config
     shapes = dict(input_shapes or {})
-    graph = import_onnx(proto, shapes, name)
-    if cfg is not None:
-        apply_config(graph, cfg)
+    graph = import_onnx(proto, shapes, name, cfg)
     if (gen_test or gen_benchmark) and any(dtypes.is_string(v.dtype) for v in graph.inputs):
         raise AotcError("--gen-test and --gen-benchmark do not support string inputs: the generated "
                         "programs store inputs as fixed-size binary elements, not strings")

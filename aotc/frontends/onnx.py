@@ -1,9 +1,11 @@
 """ONNX -> IR.
 
-Reads any model the installed ``onnx`` can load (external data included), inlines local functions,
-turns initializers and Constant nodes into IR constants and pins dynamic input dimensions from the
-feed config. Ops are only translated here; whether they are supported is checked once, for the whole
-graph, so the user sees every unsupported op in one error.
+Reads any model the installed ``onnx`` can load (external data included), checks it
+(aotc/frontends/validate.py), inlines local functions, turns initializers and Constant nodes into IR
+constants and pins dynamic input dimensions from the feed config. Ops are only translated here; an
+op aotc does not support becomes a placeholder node, and once the config has cut the graph to its
+fetches, the placeholders still needed are reported in one error, so the user sees every
+unsupported op at once and a branch the config does not fetch may use any op.
 """
 
 from __future__ import annotations
@@ -14,17 +16,19 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnx.defs
 import onnx.inliner
 from onnx import numpy_helper
 
+from aotc.config import Config
 from aotc.errors import AotcError, UnsupportedOpsError
 from aotc.frontends.control_flow import inline_control_flow
 from aotc.frontends.sequences import SEQUENCE_OPS, resolve_sequences
+from aotc.frontends.validate import DEFAULT_DOMAINS, check_strings, model_opsets, validate_graph
 from aotc.ir import dtypes
-from aotc.ir.graph import Graph, Value
+from aotc.ir.graph import Graph, Node, Value
 from aotc.ops import OPS
-
-MIN_OPSET = 1  # opset < 7 legacy broadcasting is handled in propagate
+from aotc.passes.prune import apply_config, prune
 
 
 def load_model(path: str | Path) -> onnx.ModelProto:
@@ -37,18 +41,12 @@ def load_model(path: str | Path) -> onnx.ModelProto:
         raise AotcError(f"{path}: not a valid ONNX model ({type(e).__name__}: {e})") from None
     if not model.graph.node and not model.graph.output:
         raise AotcError(f"{path}: not a valid ONNX model (no graph)")
+    check_strings(model)
     try:
         onnx.load_external_data_for_model(model, str(path.parent))
     except Exception as e:
         raise AotcError(f"{path}: cannot read external data ({e})") from None
     return model
-
-
-def _default_opset(model: onnx.ModelProto) -> int:
-    for imp in model.opset_import:
-        if imp.domain in ("", "ai.onnx"):
-            return int(imp.version)
-    return 1
 
 
 def _attr(a: onnx.AttributeProto):
@@ -67,18 +65,34 @@ def _attr(a: onnx.AttributeProto):
     return value
 
 
-def _constant_value(node: onnx.NodeProto) -> np.ndarray:
+def _constant_value(node: onnx.NodeProto, label: str) -> np.ndarray:
+    if len(node.attribute) != 1:  # the schema allows any one of its attributes, checked here
+        raise AotcError(f"Constant node {label!r}: needs exactly one value attribute, has "
+                        f"{len(node.attribute)}")
     a = node.attribute[0]
     if a.name in ("value_string", "value_strings") or (a.name == "value" and a.t.data_type == onnx.TensorProto.STRING):
-        raise _string_constant(f"Constant node {node.name!r}")
+        raise _string_constant(f"Constant node {label!r}")
     if a.name == "value":
-        return numpy_helper.to_array(a.t)
+        return _tensor(a.t, f"Constant node {label!r}: attribute value")
     v = onnx.helper.get_attribute_value(a)
     if a.name in ("value_float", "value_int"):
         return np.array(v, dtype=np.float32 if a.name == "value_float" else np.int64)
     if a.name in ("value_floats", "value_ints"):
         return np.array(v, dtype=np.float32 if a.name == "value_floats" else np.int64)
-    raise AotcError(f"Constant node {node.name!r}: unsupported attribute {a.name}")
+    raise AotcError(f"Constant node {label!r}: unsupported attribute {a.name}")
+
+
+def _tensor(t: onnx.TensorProto, what: str) -> np.ndarray:
+    """A TensorProto's data, checked: its type known and its data as long as its dims say."""
+    if t.data_type not in onnx.TensorProto.DataType.values() or t.data_type == onnx.TensorProto.UNDEFINED:
+        raise AotcError(f"{what} has unknown data_type {t.data_type}")
+    try:
+        arr = numpy_helper.to_array(t)
+    except Exception as e:  # numpy's reshape, protobuf, ml_dtypes: the data does not fit the dims
+        raise AotcError(f"{what} cannot be read (dims {list(t.dims)}): {e}") from None
+    if not dtypes.is_supported(arr.dtype):
+        raise AotcError(f"{what} has unsupported dtype {arr.dtype}")
+    return arr
 
 
 def _string_constant(what: str) -> AotcError:
@@ -94,22 +108,30 @@ def _value_type(vi: onnx.ValueInfoProto) -> tuple[list[int | str | None], np.dty
     dims: list[int | str | None] = []
     for d in t.shape.dim:
         dims.append(d.dim_value if d.HasField("dim_value") else (d.dim_param or None))
-    return dims, dtypes.from_onnx(t.elem_type)
+    if t.elem_type not in onnx.TensorProto.DataType.values():
+        raise AotcError(f"input {vi.name!r}: unknown elem_type {t.elem_type}")
+    try:
+        return dims, dtypes.from_onnx(t.elem_type)
+    except AotcError as e:
+        raise AotcError(f"input {vi.name!r}: {e}") from None
 
 
 def import_onnx(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...] | None] | None = None,
-                name: str = "model") -> Graph:
+                name: str = "model", config: Config | None = None) -> Graph:
     """Translate ``model`` into a Graph. ``shapes`` pins input shapes (required for dynamic dims;
-    sequence inputs' elements as ``name.0``, ``name.1``, ...; None leaves an optional input absent)."""
+    sequence inputs' elements as ``name.0``, ``name.1``, ...; None leaves an optional input absent).
+    ``config`` chooses the graph's inputs and outputs (aotc.passes.prune.apply_config); the nodes
+    they do not need may use ops aotc does not support."""
     shapes = dict(shapes or {})
-    opset = _default_opset(model)
-    if opset < MIN_OPSET:
-        raise AotcError(f"model uses opset {opset}; aotc supports opset {MIN_OPSET} and later")
+    check_strings(model)
+    opsets = model_opsets(model)
+    opset = opsets.get("", 1)
     if model.functions:
         try:
             model = onnx.inliner.inline_local_functions(model)
         except Exception as e:
             raise AotcError(f"cannot inline the model's local functions: {e}") from None
+    validate_graph(model.graph, opsets)
 
     # Sequence inputs and lengths first (a Loop over a sequence needs its trip count), then the rest
     # of the sequences and optionals once control flow is plain dataflow.
@@ -123,13 +145,7 @@ def import_onnx(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...] | None
     for init in model.graph.initializer:
         if init.data_type == onnx.TensorProto.STRING:
             raise _string_constant(f"initializer {init.name!r}")
-        try:
-            arr = numpy_helper.to_array(init)
-        except Exception as e:
-            raise AotcError(f"initializer {init.name!r} cannot be read: {e}") from None
-        if not dtypes.is_supported(arr.dtype):
-            raise AotcError(f"initializer {init.name!r} has unsupported dtype {arr.dtype}")
-        env[init.name] = Graph.constant(arr, init.name)
+        env[init.name] = Graph.constant(_tensor(init, f"initializer {init.name!r}"), init.name)
 
     for vi in model.graph.input:
         if vi.name in env:  # an initializer listed as input: a constant with a default
@@ -154,19 +170,16 @@ def import_onnx(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...] | None
     if shapes:
         raise AotcError(f"shape given for unknown input(s): {', '.join(sorted(shapes))}")
 
-    missing: dict[str, list[str]] = {}
-    domain_opsets = {imp.domain: int(imp.version) for imp in model.opset_import}
+    unsupported: list[Node] = []
     for i, node in enumerate(model.graph.node):
         label = node.name or f"{node.op_type}_{i}"
-        op_key = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
+        op_key = node.op_type if node.domain in DEFAULT_DOMAINS else f"{node.domain}.{node.op_type}"
         subgraphs = any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
-        if op_key not in OPS and op_key != "Constant" or subgraphs:
-            missing.setdefault(op_key, []).append(label)
-            for out_name in node.output:  # keep going, to report every unsupported op at once
-                env[out_name] = Value(out_name)
-            continue
-        if node.op_type == "Constant":
-            env[node.output[0]] = Graph.constant(_constant_value(node), node.output[0])
+        # aotc's internal ops (Copy) are not ONNX ops: a model naming one gets a placeholder too.
+        internal = node.domain in DEFAULT_DOMAINS and not onnx.defs.has(node.op_type)
+        supported = (op_key in OPS or op_key == "Constant") and not subgraphs and not internal
+        if node.op_type == "Constant" and supported:
+            env[node.output[0]] = Graph.constant(_constant_value(node, label), node.output[0])
             continue
         ins: list[Value | None] = []
         for name_in in node.input:
@@ -176,16 +189,18 @@ def import_onnx(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...] | None
                 ins.append(env[name_in])
             else:
                 raise AotcError(f"node {label!r} reads {name_in!r}, which nothing defines")
-        attrs = {a.name: _attr(a) for a in node.attribute}
-        attrs["_opset"] = opset
-        if op_key != node.op_type:  # another domain's op: its key keeps the domain, plus its version
-            attrs["_domain_opset"] = domain_opsets.get(node.domain, 1)
+        attrs = {}
+        if supported:
+            attrs = {a.name: _attr(a) for a in node.attribute}
+            attrs["_opset"] = opset
+            if op_key != node.op_type:  # another domain's op: its key keeps the domain, plus its version
+                attrs["_domain_opset"] = opsets.get(node.domain, 1)
         n = g.add_node(op_key, ins, len(node.output), attrs, label, out_names=list(node.output))
+        if not supported:  # a placeholder: an error only if the fetches still need it
+            unsupported.append(n)
         for out_name, v in zip(node.output, n.outputs, strict=True):
             if out_name:
                 env[out_name] = v
-    if missing:
-        raise UnsupportedOpsError(missing)
 
     for vi in model.graph.output:
         if vi.name not in env:
@@ -193,7 +208,23 @@ def import_onnx(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...] | None
         g.outputs.append(env[vi.name])
     _known_dtypes(model, env)
     g.toposort()
+    if config is not None:
+        apply_config(g, config)
+    elif unsupported:
+        prune(g)
+    _require_supported(g, unsupported)
     return g
+
+
+def _require_supported(g: Graph, placeholders: list[Node]) -> None:
+    """Raise UnsupportedOpsError listing every placeholder the (pruned) graph still holds."""
+    kept = {id(n) for n in g.nodes}
+    missing: dict[str, list[str]] = {}
+    for n in placeholders:
+        if id(n) in kept:
+            missing.setdefault(n.op, []).append(n.name)
+    if missing:
+        raise UnsupportedOpsError(missing)
 
 
 def _known_dtypes(model: onnx.ModelProto, env: dict[str, Value]) -> None:

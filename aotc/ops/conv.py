@@ -81,13 +81,10 @@ def _spatial(node: Node, in_sp: tuple[int, ...], k_sp: tuple[int, ...], ceil_mod
     nd = len(in_sp)
     if nd < 1 or nd > 3:
         raise AotcError(f"{node.op} node {node.name!r}: {nd} spatial dims (1 to 3 supported)")
-    s = [int(x) for x in node.attr("strides", [1] * nd)]
-    d = [int(x) for x in node.attr("dilations", [1] * nd)]
-    pads = [int(x) for x in node.attr("pads", [0] * 2 * nd)]
+    s, d = _per_axis(node, "strides", nd, 1), _per_axis(node, "dilations", nd, 1)
+    pads = _per_axis(node, "pads", 2 * nd, 0)
     auto = node.attr("auto_pad", "NOTSET")
     auto = auto.decode() if isinstance(auto, bytes) else auto
-    if len(s) != nd or len(d) != nd or len(pads) != 2 * nd:
-        raise AotcError(f"{node.op} node {node.name!r}: strides/dilations/pads do not match rank")
     ek = [(k - 1) * dd + 1 for k, dd in zip(k_sp, d, strict=True)]  # extent of a dilated kernel
     out, pb, pe = [], [], []
     for i in range(nd):
@@ -108,6 +105,16 @@ def _spatial(node: Node, in_sp: tuple[int, ...], k_sp: tuple[int, ...], ceil_mod
     return out, pb, pe, s, d
 
 
+def _per_axis(node: Node, name: str, n: int, default: int) -> list[int]:
+    """Attribute ``name`` as ``n`` ints (``default`` when absent); the frontend checked its values'
+    signs (aotc/frontends/validate.py), its length needs the input's rank."""
+    values = [int(x) for x in node.attr(name, [default] * n)]
+    if len(values) != n:
+        raise AotcError(f"{node.op} node {node.name!r}: attribute {name} {values} has {len(values)} values, "
+                        f"the input's {n // 2 if name == 'pads' else n} spatial axes need {n}")
+    return values
+
+
 def geometry(node: Node) -> Geometry:
     """The geometry of a Conv, ConvTranspose or pooling node (inputs must have shapes)."""
     x = node.inputs[0]
@@ -121,24 +128,32 @@ def geometry(node: Node) -> Geometry:
         w = node.inputs[1]
         assert w is not None and w.shape is not None
         k_sp = tuple(w.shape[2:])
-        if len(w.shape) != len(x.shape) or c % group:
-            raise AotcError(f"{node.op} node {node.name!r}: weight shape {w.shape} does not fit {x.shape}")
+        if len(w.shape) != len(x.shape):
+            raise AotcError(f"{node.op} node {node.name!r}: weight shape {list(w.shape)} does not have the "
+                            f"rank of input shape {list(x.shape)}")
+        if c % group:
+            raise AotcError(f"{node.op} node {node.name!r}: attribute group {group} does not divide the "
+                            f"input's {c} channels")
         if "kernel_shape" in node.attrs and tuple(node.attrs["kernel_shape"]) != k_sp:
-            raise AotcError(f"{node.op} node {node.name!r}: kernel_shape does not match the weights")
+            raise AotcError(f"{node.op} node {node.name!r}: attribute kernel_shape {list(node.attrs['kernel_shape'])} "
+                            f"does not match weight shape {list(w.shape)}")
     elif node.op.startswith("Global"):
         k_sp = in_sp
     else:
-        k_sp = tuple(int(v) for v in node.attr("kernel_shape", []))
-        if len(k_sp) != nd:
-            raise AotcError(f"{node.op} node {node.name!r}: kernel_shape must have {nd} entries")
+        k_sp = tuple(_per_axis(node, "kernel_shape", nd, 0))
     if node.op == "Conv":
         m = w.shape[0]
-        if w.shape[1] * group != c or m % group:
-            raise AotcError(f"Conv node {node.name!r}: weight shape {w.shape} does not fit {x.shape}, group {group}")
+        if w.shape[1] * group != c:
+            raise AotcError(f"Conv node {node.name!r}: weight shape {list(w.shape)} has {w.shape[1]} input "
+                            f"channels per group, input shape {list(x.shape)} with group {group} has {c // group}")
+        if m % group:
+            raise AotcError(f"Conv node {node.name!r}: attribute group {group} does not divide the weight's "
+                            f"{m} output channels")
         out, pb, pe, s, d = _spatial(node, in_sp, k_sp)
     elif node.op == "ConvTranspose":
         if w.shape[0] != c:
-            raise AotcError(f"ConvTranspose node {node.name!r}: weight shape {w.shape} does not fit {x.shape}")
+            raise AotcError(f"ConvTranspose node {node.name!r}: weight shape {list(w.shape)} has {w.shape[0]} "
+                            f"input channels, input shape {list(x.shape)} has {c}")
         m = w.shape[1] * group
         out, pb, pe, s, d = _transpose_spatial(node, in_sp, k_sp)
     elif node.op.startswith("Global"):
@@ -152,15 +167,17 @@ def geometry(node: Node) -> Geometry:
 
 def _transpose_spatial(node: Node, in_sp: tuple[int, ...], k_sp: tuple[int, ...]):
     nd = len(in_sp)
-    s = [int(x) for x in node.attr("strides", [1] * nd)]
-    d = [int(x) for x in node.attr("dilations", [1] * nd)]
-    op = [int(x) for x in node.attr("output_padding", [0] * nd)]
+    s, d = _per_axis(node, "strides", nd, 1), _per_axis(node, "dilations", nd, 1)
+    op = _per_axis(node, "output_padding", nd, 0)
     auto = node.attr("auto_pad", "NOTSET")
     auto = auto.decode() if isinstance(auto, bytes) else auto
     full = [s[i] * (in_sp[i] - 1) + op[i] + (k_sp[i] - 1) * d[i] + 1 for i in range(nd)]
     shape = node.attr("output_shape")
+    if shape is not None and len(shape) not in (nd, nd + 2):
+        raise AotcError(f"ConvTranspose node {node.name!r}: attribute output_shape {list(shape)} has "
+                        f"{len(shape)} values, the input's {nd} spatial axes need {nd}")
     if "pads" in node.attrs and auto not in ("SAME_UPPER", "SAME_LOWER"):
-        pads = [int(x) for x in node.attrs["pads"]]
+        pads = _per_axis(node, "pads", 2 * nd, 0)
         pb, pe = pads[:nd], pads[nd:]
         out = [full[i] - pb[i] - pe[i] for i in range(nd)]
     elif shape is not None or auto in ("SAME_UPPER", "SAME_LOWER"):
@@ -180,6 +197,10 @@ def _infer(node: Node):
     x = node.inputs[0]
     assert x is not None and x.shape is not None
     g = geometry(node)
+    b = node.inputs[2] if node.op in ("Conv", "ConvTranspose") and len(node.inputs) > 2 else None
+    if b is not None and b.shape != (g.m,):
+        raise AotcError(f"{node.op} node {node.name!r}: bias shape {list(b.shape or ())} does not match "
+                        f"the {g.m} output channels")
     nd = len(x.shape) - 2
     shape = (g.n, g.m, *g.out[3 - nd:])
     res = [(shape, x.dtype)]
