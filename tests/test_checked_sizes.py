@@ -130,6 +130,36 @@ def test_folding_a_huge_constant_result_is_not_attempted() -> None:
     assert [n.op for n in graph.nodes] == ["Expand", "ReduceSum"]
 
 
+def _decomposed_layernorm_dropout(n: int, rows: int = 2):
+    """A LayerNorm without scale written out (as older exports do) and an inference Dropout whose
+    mask is fetched: the rewrites made a constant of ones of the row's and of the tensor's size."""
+    return _model([node("ReduceMean", ["x"], ["mu"], axes=[-1]), node("Sub", ["x", "mu"], ["d"]),
+                   node("Mul", ["d", "d"], ["d2"]), node("ReduceMean", ["d2"], ["var"], axes=[-1]),
+                   node("Add", ["var", "eps"], ["ve"]), node("Sqrt", ["ve"], ["sd"]), node("Div", ["d", "sd"], ["y"]),
+                   node("Dropout", ["x"], ["z", "mask"])],
+                  [vi("x", [rows, n])],
+                  [vi("y", [rows, n]), vi("z", [rows, n]), vi("mask", [rows, n], TensorProto.BOOL)],
+                  [_const("eps", np.array(1e-5, np.float32))])
+
+
+def test_rewrites_make_no_constant_as_large_as_a_tensor(tmp_path) -> None:
+    from aotc.passes.pipeline import run_passes
+
+    graph = import_onnx(_decomposed_layernorm_dropout(2**36), {}, "m")
+    tracemalloc.start()
+    try:
+        run_passes(graph)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20
+    assert sorted(op for k in graph.kernels for op in k.ops) == ["Copy", "Expand", "LayerNormalization"]
+    m = _decomposed_layernorm_dropout(8, 3)
+    feeds = {"x": np.random.default_rng(3).standard_normal((3, 8)).astype(np.float32)}
+    for got, want in zip(aotc.compile(m, tmp_path, "m").run(feeds), run_ort(m, feeds), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_an_op_without_a_kernel_too_large_for_a_constant_is_refused() -> None:
     """MelWeightMatrix is always computed at compile time: a 32 GiB one is refused before numpy is asked."""
     consts = {"bins": np.int64(2**14), "dft": np.int64(2**20), "rate": np.int64(16000),

@@ -172,7 +172,8 @@ class _Matcher:
         if root.outputs[0].shape != x.shape:
             return None
         if scale is None:
-            scale = Graph.constant(np.ones(norm_shape, x.dtype), f"{root.name}/ones")
+            # One 1 broadcast along the row: a constant of the row's size would grow with the tensor.
+            scale = Graph.constant(np.ones(1, x.dtype), f"{root.name}/ones")
         epsilon = float(eps.const.reshape(-1)[0]) if eps is not None else 0.0
         attrs = {"_opset": root.attr("_opset", 17), "axis": rank - k, "epsilon": epsilon}
         inputs = [x, scale] + ([bias] if bias is not None else [])

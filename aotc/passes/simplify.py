@@ -61,8 +61,11 @@ def simplify(graph: Graph) -> bool:
             else:
                 rw.node("Mul", [x, Graph.constant(drawn[1], "dropout_factor")], {}, n.name, out=n.outputs[0])
             if len(n.outputs) > 1 and (id(n.outputs[1]) in users or any(o is n.outputs[1] for o in graph.outputs)):
-                keep = drawn[0] if drawn is not None else np.ones(n.outputs[1].shape, np.bool_)
-                replace[id(n.outputs[1])] = Graph.constant(keep, "mask")
+                if drawn is not None:
+                    replace[id(n.outputs[1])] = Graph.constant(drawn[0], "mask")
+                else:  # every element kept: a broadcast true, not a constant as large as the tensor
+                    rw.node("Expand", [_const(np.ones(1, np.bool_)), _const(np.array(n.outputs[1].shape, np.int64))],
+                            {}, f"{n.name}_mask", out=n.outputs[1])
             rw.changed = True
             continue
         if n.op in ("Flatten", "Squeeze", "Unsqueeze") or (n.op == "Reshape" and x is not None
