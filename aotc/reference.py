@@ -11,6 +11,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from aotc.errors import AotcError
 from aotc.ir.graph import Graph, Value
 
 
@@ -78,8 +79,18 @@ def run_reference(model: onnx.ModelProto, inputs: list[np.ndarray]) -> tuple[lis
         opts.log_severity_level = 4
         sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
         return [np.asarray(r) for r in sess.run(None, feeds)], f"onnxruntime {ort.__version__}"
-    except Exception:  # not installed, or an op or type it lacks: the slower pure-Python reference
-        from onnx.reference import ReferenceEvaluator
+    except Exception as e:  # not installed, or an op or type it lacks: the slower pure-Python reference
+        ort_error = _first_line(e)
+    from onnx.reference import ReferenceEvaluator
 
+    try:
         outs = ReferenceEvaluator(model).run(None, feeds)
-        return [np.asarray(r) for r in outs], f"onnx.reference {onnx.__version__}"
+    except Exception as e:  # both references refuse the model (or these random inputs)
+        raise AotcError("--gen-test: no reference could run the model on random inputs "
+                        f"(onnxruntime: {ort_error}; onnx.reference: {_first_line(e)})") from None
+    return [np.asarray(r) for r in outs], f"onnx.reference {onnx.__version__}"
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0][:200]}" if text else type(e).__name__

@@ -117,3 +117,22 @@ def test_cli_run_writes_outputs(tmp_path):
     assert proc.returncode == 0, proc.stderr
     y = np.load(tmp_path / "res" / "y.npy")
     np.testing.assert_array_equal(y, aotc.load(tmp_path / "out" / "m").run({"x": x})[0])
+
+
+def test_one_tensor_fetched_twice_is_refused(tmp_path):
+    model = dense_relu()
+    node = next(n for n in model.graph.node if "y" in n.output)
+    node.name = "last"
+    cfg = tmp_path / "c.pbtxt"
+    cfg.write_text('fetch { id { node_name: "y" } name: "a" } fetch { id { node_name: "last" } name: "b" }')
+    with pytest.raises(aotc.AotcError, match="fetch 'last' is the same tensor as fetch 'y'"):
+        compile_model(model, tmp_path / "o", "m", config=cfg)
+
+
+def test_gen_test_without_a_reference_is_one_error():
+    from aotc.reference import run_reference
+
+    model = make([helper.make_node("Frobnicate", ["in0"], ["out0"], domain="com.example")],
+                 [vi("in0", [2])], [vi("out0", [2])])
+    with pytest.raises(aotc.AotcError, match="no reference could run the model"):
+        run_reference(model, [np.zeros(2, np.float32)])

@@ -27,6 +27,11 @@ def _lookup(graph: Graph, tid: TensorId, what: str) -> Value:
 def apply_config(graph: Graph, config: Config) -> None:
     """Make the config's feeds the inputs and its fetches the outputs, cutting at fed tensors."""
     fetches = [_lookup(graph, f.id, "fetch") for f in config.fetches]
+    for i, v in enumerate(fetches):  # e.g. a tensor's name and its node's name: one buffer, two outputs
+        first = next(j for j, w in enumerate(fetches) if w is v)
+        if first != i:
+            raise AotcError(f"fetch {config.fetches[i].id.node_name!r} is the same tensor as fetch "
+                            f"{config.fetches[first].id.node_name!r}; fetch it once")
     inputs: list[Value] = []
     for feed in config.feeds:
         v = _lookup(graph, feed.id, "feed")
