@@ -83,6 +83,15 @@ WINDOW_CASES = {
              [vi("y", None)], [init("W", W), init("B", np.zeros(4, np.float32))]),
         "ConvTranspose node 'ct': bias shape [4] does not match the 2 output channels"),
     "kernel_shape_vs_weights": (_conv(kernel_shape=[2, 2]), "kernel_shape [2, 2] does not match weight shape"),
+    # onnxruntime refuses these two at run time; aotc shifted or padded the output instead.
+    "conv_transpose_output_padding_vs_stride": (
+        make([helper.make_node("ConvTranspose", ["x", "W"], ["y"], name="ct", output_padding=[1, 2], strides=[2, 2])],
+             [vi("x", [1, 4, 3, 3])], [vi("y", None)], [init("W", W)]),
+        "attribute output_padding [1, 2] must be smaller than the larger of strides and dilations ([2, 2])"),
+    "conv_transpose_output_shape": (
+        make([helper.make_node("ConvTranspose", ["x", "W"], ["y"], name="ct", output_shape=[12, 8], strides=[3, 2])],
+             [vi("x", [1, 4, 3, 3])], [vi("y", None)], [init("W", W)]),
+        "attribute output_shape [12, 8] exceeds the full output [9, 7] of input shape [3, 3] by a stride [3, 2]"),
 }
 
 
@@ -145,6 +154,50 @@ SCHEMA_CASES = {
     "initializer_short_data": (_initializer_of_type(TensorProto.FLOAT, dims=[4]),
                                "initializer 'c' cannot be read (dims [4])"),
 }
+
+
+def _op(op: str, inputs: list, opset: int = 17, **attrs) -> onnx.ModelProto:
+    """One ``op`` node named "n" reading graph inputs ``inputs`` (name, shape[, dtype]), giving y."""
+    return make([helper.make_node(op, [i[0] for i in inputs], ["y"], name="n", **attrs)],
+                [vi(*i) for i in inputs], [vi("y", None)], opset=opset)
+
+
+I64 = TensorProto.INT64
+# Attribute values and shapes other emitters index with (aotc/ops/nn.py), and type-valued attributes.
+OP_CASES = {
+    "cast_to_99": (_op("Cast", [("x", [2])], to=99), "Cast node 'n': attribute to 99 is not an element type"),
+    "eyelike_dtype_0": (_op("EyeLike", [("x", [2, 2])], dtype=0), "attribute dtype 0 is not an element type"),
+    "tensor_attribute_type_99": (
+        make([helper.make_node("ConstantOfShape", ["s"], ["y"], name="n",
+                               value=onnx.TensorProto(data_type=99, dims=[1], raw_data=b"\0" * 4))],
+             [], [vi("y", None)], [init("s", np.array([2]))]),
+        "ConstantOfShape node 'n': attribute value holds a tensor of unknown data_type 99"),
+    "lrn_size_0": (_op("LRN", [("x", [1, 4, 2, 2])], size=0), "LRN node 'n': attribute size 0 is not a positive odd"),
+    "lrn_size_negative": (_op("LRN", [("x", [1, 4, 2, 2])], size=-3), "attribute size -3"),
+    "lrn_size_even": (_op("LRN", [("x", [1, 4, 2, 2])], size=2), "attribute size 2"),
+    "lp_normalization_p3": (_op("LpNormalization", [("x", [2, 3])], p=3), "attribute p 3 is not 1 or 2"),
+    "loss_reduction": (_op("NegativeLogLikelihoodLoss", [("x", [2, 3]), ("t", [2], I64)], reduction="avg"),
+                       "attribute reduction 'avg' is not one of none, mean, sum"),
+    "loss_target_shape": (_op("SoftmaxCrossEntropyLoss", [("x", [2, 3]), ("t", [5], I64)]),
+                          "target shape [5] does not match input shape [2, 3]"),
+    "loss_weight_shape": (_op("NegativeLogLikelihoodLoss", [("x", [2, 3]), ("t", [2], I64), ("w", [2])]),
+                          "weight shape [2] does not match the 3 classes"),
+    "rms_scale_shape": (_op("RMSNormalization", [("x", [2, 4]), ("s", [3])], opset=23),
+                        "scale shape [3] does not broadcast to the normalized dims [4]"),
+    "rope_num_heads": (_op("RotaryEmbedding", [("x", [1, 2, 8]), ("c", [1, 2, 2]), ("s", [1, 2, 2])], opset=23,
+                           num_heads=3), "attribute num_heads 3 must divide the hidden size 8"),
+    "rope_dim_past_head": (_op("RotaryEmbedding", [("x", [1, 2, 8]), ("c", [1, 2, 4]), ("s", [1, 2, 4])], opset=23,
+                               num_heads=2, rotary_embedding_dim=8),
+                           "attribute rotary_embedding_dim 8 is not in 1..4 (the head size)"),
+    "rope_cache_shape": (_op("RotaryEmbedding", [("x", [1, 2, 3, 4]), ("c", [1, 3, 1]), ("s", [1, 3, 1])], opset=23),
+                         "cos_cache shape [1, 3, 1] and sin_cache shape [1, 3, 1] must both be [1, 3, 2]"),
+}
+
+
+@pytest.mark.parametrize("case", OP_CASES)
+def test_op_attributes_and_shapes_are_checked(case: str, tmp_path) -> None:
+    model, fragment = OP_CASES[case]
+    _refused(model, tmp_path, fragment)
 
 
 @pytest.mark.parametrize("case", SCHEMA_CASES)
@@ -252,12 +305,18 @@ def test_schema_free_ops_and_custom_domains_still_compile(tmp_path) -> None:
 def test_conv_pads_beyond_the_kernel_match_onnxruntime_under_sanitizers(tmp_path) -> None:
     """Conv (unlike the pools) accepts pads >= the kernel (onnxruntime does: border outputs see padding
     only). The tiled path (constant weights), the generic path (weights an input) and the depthwise
-    path, built with ASan/UBSan, against onnxruntime."""
-    dw = np.random.default_rng(1).standard_normal((2, 1, 3, 3)).astype(np.float32)
+    path, built with ASan/UBSan, against onnxruntime; with them a ConvTranspose whose output_shape
+    passes its full output by less than a stride (the extra rows go at the end, where aotc shifted
+    the output by a negative begin pad)."""
+    rng = np.random.default_rng(1)
+    dw = rng.standard_normal((2, 1, 3, 3)).astype(np.float32)
+    wt = rng.standard_normal((2, 2, 1, 1)).astype(np.float32)
     model = make([helper.make_node("Conv", ["x", "W"], ["a"], pads=[3, 4, 3, 0]),
                   helper.make_node("Conv", ["x", "w"], ["b"], pads=[0, 3, 5, 1], strides=[2, 1]),
-                  helper.make_node("Conv", ["x", "Wd"], ["c"], pads=[4, 4, 3, 3], group=2, dilations=[2, 1])],
-                 [vi("x", [1, 2, 5, 5]), vi("w", [4, 2, 3, 3])], [vi("a", None), vi("b", None), vi("c", None)],
-                 [init("W", W), init("Wd", dw)])
+                  helper.make_node("Conv", ["x", "Wd"], ["c"], pads=[4, 4, 3, 3], group=2, dilations=[2, 1]),
+                  helper.make_node("ConvTranspose", ["x", "Wt"], ["d"], strides=[3, 3], output_shape=[15, 14])],
+                 [vi("x", [1, 2, 5, 5]), vi("w", [4, 2, 3, 3])],
+                 [vi("a", None), vi("b", None), vi("c", None), vi("d", None)],
+                 [init("W", W), init("Wd", dw), init("Wt", wt)])
     model.ir_version = 10
     run_generated_test_under_sanitizers(model, tmp_path)

@@ -49,7 +49,7 @@ def load_model(path: str | Path) -> onnx.ModelProto:
     return model
 
 
-def _attr(a: onnx.AttributeProto):
+def _attr(a: onnx.AttributeProto, label: str):
     value = onnx.helper.get_attribute_value(a)
     if a.type == onnx.AttributeProto.TENSOR:
         if value.data_type == onnx.TensorProto.STRING:  # e.g. LabelEncoder's keys_tensor
@@ -57,7 +57,7 @@ def _attr(a: onnx.AttributeProto):
             strings = np.array([s.decode("utf-8", "replace") for s in value.string_data], dtype=object)
             dims = tuple(value.dims)
             return strings.reshape(dims) if int(np.prod(dims)) == strings.size else strings
-        return numpy_helper.to_array(value)
+        return _tensor(value, f"{label}: attribute {a.name}", any_dtype=True)
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
     if isinstance(value, list) and value and isinstance(value[0], bytes):
@@ -82,15 +82,16 @@ def _constant_value(node: onnx.NodeProto, label: str) -> np.ndarray:
     raise AotcError(f"Constant node {label!r}: unsupported attribute {a.name}")
 
 
-def _tensor(t: onnx.TensorProto, what: str) -> np.ndarray:
-    """A TensorProto's data, checked: its type known and its data as long as its dims say."""
+def _tensor(t: onnx.TensorProto, what: str, any_dtype: bool = False) -> np.ndarray:
+    """A TensorProto's data, checked: its type known (and one aotc supports, unless ``any_dtype``: an
+    op's attribute may hold what the op alone understands) and its data as long as its dims say."""
     if t.data_type not in onnx.TensorProto.DataType.values() or t.data_type == onnx.TensorProto.UNDEFINED:
         raise AotcError(f"{what} has unknown data_type {t.data_type}")
     try:
         arr = numpy_helper.to_array(t)
     except Exception as e:  # numpy's reshape, protobuf, ml_dtypes: the data does not fit the dims
         raise AotcError(f"{what} cannot be read (dims {list(t.dims)}): {e}") from None
-    if not dtypes.is_supported(arr.dtype):
+    if not any_dtype and not dtypes.is_supported(arr.dtype):
         raise AotcError(f"{what} has unsupported dtype {arr.dtype}")
     return arr
 
@@ -191,7 +192,7 @@ def import_onnx(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...] | None
                 raise AotcError(f"node {label!r} reads {name_in!r}, which nothing defines")
         attrs = {}
         if supported:
-            attrs = {a.name: _attr(a) for a in node.attribute}
+            attrs = {a.name: _attr(a, f"{node.op_type} node {label!r}") for a in node.attribute}
             attrs["_opset"] = opset
             if op_key != node.op_type:  # another domain's op: its key keeps the domain, plus its version
                 attrs["_domain_opset"] = opsets.get(node.domain, 1)

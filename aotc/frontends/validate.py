@@ -35,6 +35,9 @@ WINDOW_OPS = frozenset({"Conv", "ConvTranspose", "ConvInteger", "QLinearConv", "
                         "LpPool", "MaxUnpool", "Col2Im", "DeformConv"})
 POOL_OPS = frozenset({"MaxPool", "AveragePool", "LpPool"})
 AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
+# INT attributes that hold an element type (a TensorProto.DataType); 0 lets the op choose, where allowed.
+DTYPE_ATTRS = {"to": False, "dtype": False, "output_datatype": False, "output_dtype": True}
+_DATA_TYPES = frozenset(onnx.TensorProto.DataType.values())
 
 _AttrType = onnx.AttributeProto.AttributeType
 # AttributeProto type -> the field holding its value.
@@ -177,6 +180,19 @@ class _Checker:
             _check_attributes(attrs, schema, label, op)
         if node.op_type in WINDOW_OPS and node.domain in DEFAULT_DOMAINS:
             _check_window(node.op_type, attrs, label)
+        _check_types(attrs, label)
+
+
+def _check_types(attrs: dict[str, onnx.AttributeProto], label: str) -> None:
+    """Element types in attributes are known ones (numpy and C type tables are keyed by them)."""
+    for name, a in attrs.items():
+        if a.type == onnx.AttributeProto.INT and name in DTYPE_ATTRS:
+            if a.i not in _DATA_TYPES or (a.i == onnx.TensorProto.UNDEFINED and not DTYPE_ATTRS[name]):
+                raise AotcError(f"{label}: attribute {name} {a.i} is not an element type")
+        tensors = [a.t] if a.type == onnx.AttributeProto.TENSOR else list(a.tensors)
+        for t in tensors:
+            if t.data_type not in _DATA_TYPES or t.data_type == onnx.TensorProto.UNDEFINED:
+                raise AotcError(f"{label}: attribute {name} holds a tensor of unknown data_type {t.data_type}")
 
 
 def _count(lo: int, hi: int) -> str:
@@ -258,6 +274,13 @@ def _check_window(op: str, attrs: dict[str, onnx.AttributeProto], label: str) ->
         if values is not None and min(values, default=0) < (name == "output_shape"):
             raise AotcError(f"{label}: attribute {name} {values} must hold values >= "
                             f"{int(name == 'output_shape')}")
+    output_padding = _ints(attrs, "output_padding")
+    if output_padding is not None:  # onnxruntime's rule: a larger one would add rows no input reaches
+        n = len(output_padding)
+        limits = [max(s, d) for s, d in zip(strides or [1] * n, dilations or [1] * n, strict=False)]
+        if len(limits) == n and any(p >= m for p, m in zip(output_padding, limits, strict=True)):
+            raise AotcError(f"{label}: attribute output_padding {output_padding} must be smaller than the "
+                            f"larger of strides and dilations ({limits})")
     if op in POOL_OPS and kernel is not None and pads is not None and lengths.get("pads") == len(kernel):
         n = len(kernel)
         if any(pads[i] >= kernel[i] or pads[i + n] >= kernel[i] for i in range(n)):

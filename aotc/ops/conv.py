@@ -183,8 +183,15 @@ def _transpose_spatial(node: Node, in_sp: tuple[int, ...], k_sp: tuple[int, ...]
     elif shape is not None or auto in ("SAME_UPPER", "SAME_LOWER"):
         out = [int(x) for x in shape][-nd:] if shape is not None else [in_sp[i] * s[i] for i in range(nd)]
         total = [full[i] - out[i] for i in range(nd)]
-        # onnxruntime: SAME_UPPER puts the odd pad at the end, anything else at the beginning.
-        pb = [t // 2 if auto == "SAME_UPPER" else t - t // 2 for t in total]
+        if any(total[i] <= -s[i] for i in range(nd)):  # onnxruntime's limit: no input would reach the rest
+            raise AotcError(f"ConvTranspose node {node.name!r}: attribute output_shape {list(shape)} exceeds the "
+                            f"full output {full} of input shape {list(in_sp)} by a stride {s} or more")
+        # onnxruntime: SAME_UPPER puts the odd pad at the end, anything else at the beginning. An
+        # output_shape past the full output (by less than a stride) gets its extra rows at the end
+        # (onnxruntime and onnx.reference agree); SAME with a kernel shorter than the stride splits its
+        # negative total as onnx.reference does (onnxruntime gives another shape).
+        split = [max(t, 0) for t in total] if shape is not None else total
+        pb = [t // 2 if auto == "SAME_UPPER" else t - t // 2 for t in split]
         pe = [t - b for t, b in zip(total, pb, strict=True)]
     else:
         pb, pe, out = [0] * nd, [0] * nd, full

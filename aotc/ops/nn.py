@@ -189,6 +189,21 @@ register(OpDef("BatchNormalization", "kernel", _bn_infer, emit=_bn_training_emit
 
 
 # -- RMSNormalization: one row kernel (the other normalizations live in norm.py) --------------------
+def _rms_infer(node: Node):
+    x, scale = node.inputs[0], node.inputs[1]
+    assert x is not None and scale is not None
+    axis = norm_axis(node.attr("axis", -1), len(x.shape), node)
+    try:  # the emitter's offset table broadcasts the scale against the normalized dims
+        np.broadcast_shapes(tuple(scale.shape), tuple(x.shape[axis:]))
+    except ValueError:
+        raise AotcError(f"RMSNormalization node {node.name!r}: scale shape {list(scale.shape)} does not "
+                        f"broadcast to the normalized dims {list(x.shape[axis:])}") from None
+    if len(scale.shape) > len(x.shape) - axis:
+        raise AotcError(f"RMSNormalization node {node.name!r}: scale shape {list(scale.shape)} has more dims "
+                        f"than the normalized dims {list(x.shape[axis:])}")
+    return _same(node)
+
+
 def _rms_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
     x, scale = node.inputs[0], node.inputs[1]
     assert x is not None and scale is not None
@@ -211,14 +226,24 @@ def _rms_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
             f"  for (size_t j = 0; j < {n}; j++) yr[j] = ({ctype})(xr[j] * inv * {sc});\n}}")
 
 
-register(OpDef("RMSNormalization", "kernel", _same, emit=_rms_emit))
+register(OpDef("RMSNormalization", "kernel", _rms_infer, emit=_rms_emit))
 
 
 # -- NegativeLogLikelihoodLoss / SoftmaxCrossEntropyLoss: one sequential kernel ------------------------
 def _loss_infer(node: Node):
     x, target = node.inputs[0], node.inputs[1]
     assert x is not None and target is not None
-    shape = target.shape if node.attr("reduction", "mean") == "none" else ()
+    what = f"{node.op} node {node.name!r}"
+    reduction = node.attr("reduction", "mean")
+    if reduction not in ("none", "mean", "sum"):
+        raise AotcError(f"{what}: attribute reduction {reduction!r} is not one of none, mean, sum")
+    if len(x.shape) < 2 or tuple(target.shape) != (x.shape[0], *x.shape[2:]):
+        raise AotcError(f"{what}: target shape {list(target.shape)} does not match input shape {list(x.shape)} "
+                        "(N, C, d1, ...) without its class axis")
+    w = node.inputs[2] if len(node.inputs) > 2 else None
+    if w is not None and tuple(w.shape) != (x.shape[1],):
+        raise AotcError(f"{what}: weight shape {list(w.shape)} does not match the {x.shape[1]} classes")
+    shape = target.shape if reduction == "none" else ()
     res = [(shape, x.dtype)]
     if len(node.outputs) > 1:  # SoftmaxCrossEntropyLoss's log_prob
         res.append((x.shape, x.dtype))
@@ -288,7 +313,25 @@ def _lpnorm_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str
             f"    yr[i * {inner}] = nrm == 0 ? 0 : ({ctype})(xr[i * {inner}] / nrm);\n}}")
 
 
-register(OpDef("LpNormalization", "kernel", _same, emit=_lpnorm_emit))
+def _lpnorm_infer(node: Node):
+    if node.attr("p", 2) not in (1, 2):
+        raise AotcError(f"LpNormalization node {node.name!r}: attribute p {node.attr('p')} is not 1 or 2")
+    return _same(node)
+
+
+register(OpDef("LpNormalization", "kernel", _lpnorm_infer, emit=_lpnorm_emit))
+
+
+def _lrn_infer(node: Node):
+    """onnxruntime's rules: an odd, positive window (the emitter's channel bounds assume it)."""
+    x = node.inputs[0]
+    assert x is not None
+    size = node.attr("size")
+    if size < 1 or size % 2 == 0:
+        raise AotcError(f"LRN node {node.name!r}: attribute size {size} is not a positive odd number")
+    if len(x.shape) < 3:
+        raise AotcError(f"LRN node {node.name!r}: input shape {list(x.shape)} is not (N, C, D1, ...)")
+    return _same(node)
 
 
 def _lrn_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
@@ -308,10 +351,39 @@ def _lrn_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
             f"  {outs[0]}[r] = ({ctype})({ins[0]}[r] / pow({bias!r} + {alpha / size!r} * s, {beta!r}));\n}}")
 
 
-register(OpDef("LRN", "kernel", _same, emit=_lrn_emit))
+register(OpDef("LRN", "kernel", _lrn_infer, emit=_lrn_emit))
 
 
 # -- RotaryEmbedding: rotate pairs of each head's first rotary_embedding_dim features ----------------------
+def _rope_infer(node: Node):
+    """The cache and head sizes the emitter indexes with (onnxruntime's checks at run time)."""
+    x, cos, sin = node.inputs[0], node.inputs[1], node.inputs[2]
+    assert x is not None and cos is not None and sin is not None
+    what = f"RotaryEmbedding node {node.name!r}"
+    if len(x.shape) == 4:
+        d = x.shape[3]
+    elif len(x.shape) == 3:
+        h = node.attr("num_heads")
+        if h is None or h < 1 or x.shape[2] % h:
+            raise AotcError(f"{what}: attribute num_heads {h} must divide the hidden size {x.shape[2]} of a "
+                            "rank-3 input")
+        d = x.shape[2] // h
+    else:
+        raise AotcError(f"{what}: input shape {list(x.shape)} is not rank 3 or 4")
+    rot = node.attr("rotary_embedding_dim", 0) or d
+    if not 0 < rot <= d:
+        raise AotcError(f"{what}: attribute rotary_embedding_dim {rot} is not in 1..{d} (the head size)")
+    b, s = x.shape[0], x.shape[2 if len(x.shape) == 4 else 1]
+    pos = node.inputs[3] if len(node.inputs) > 3 else None
+    if pos is not None and tuple(pos.shape) != (b, s):
+        raise AotcError(f"{what}: position_ids shape {list(pos.shape)} is not (batch, sequence) {[b, s]}")
+    rows = (cos.shape[0],) if pos is not None and len(cos.shape) == 2 else (b, s)
+    if tuple(cos.shape) != (*rows, rot // 2) or sin.shape != cos.shape:
+        raise AotcError(f"{what}: cos_cache shape {list(cos.shape)} and sin_cache shape {list(sin.shape)} "
+                        f"must both be {[*rows, rot // 2]}")
+    return _same(node)
+
+
 def _rope_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
     x = node.inputs[0]
     assert x is not None
@@ -351,4 +423,4 @@ def _rope_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
             f"  for (size_t j = {rot}; j < {d}; j++) yr[j] = xr[j];\n}}")
 
 
-register(OpDef("RotaryEmbedding", "kernel", _same, emit=_rope_emit))
+register(OpDef("RotaryEmbedding", "kernel", _rope_infer, emit=_rope_emit))
