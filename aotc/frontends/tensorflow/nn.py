@@ -1,0 +1,181 @@
+"""Matrix products, convolutions, pooling, batch normalization and reductions.
+
+TF's image ops are NHWC; aotc's Conv and pools are ONNX's NCHW, so a translation transposes around
+them (the simplify pass cancels a transpose pair between two such ops) and the filters are put in
+ONNX's layout once, here.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from aotc.frontends.tensorflow.context import Ctx, tf_op
+from aotc.frontends.tensorflow.tensors import to_numpy
+from aotc.ir import dtypes
+from aotc.ir.graph import Value
+
+_TO_NCHW, _TO_NHWC = [0, 3, 1, 2], [0, 2, 3, 1]
+
+
+@tf_op("MatMul")
+def matmul(ctx: Ctx) -> Value:
+    a, b = ctx.x(0), ctx.x(1)
+    if ctx.attr("transpose_a", False):
+        a = ctx.transpose(a, [1, 0])
+    if ctx.attr("transpose_b", False):
+        b = ctx.transpose(b, [1, 0])
+    return ctx.emit("MatMul", [a, b])
+
+
+@tf_op("BatchMatMul", "BatchMatMulV2", "BatchMatMulV3")
+def batch_matmul(ctx: Ctx) -> Value:
+    a, b = ctx.x(0), ctx.x(1)
+    out_type = ctx.attr("Tout", None)
+    if out_type is not None and ctx.attr("Ta", out_type) != out_type:
+        raise ctx.error("an output type other than the input type is not supported")
+
+    def adjoint(v: Value) -> Value:
+        r = len(v.shape)
+        return ctx.transpose(v, [*range(r - 2), r - 1, r - 2])
+    if ctx.attr("adj_x", False):
+        a = adjoint(a)
+    if ctx.attr("adj_y", False):
+        b = adjoint(b)
+    return ctx.emit("MatMul", [a, b])
+
+
+def _channels_last(ctx: Ctx) -> bool:
+    fmt = ctx.attr("data_format", "NHWC")
+    if fmt not in ("NHWC", "NCHW"):
+        raise ctx.error(f"data_format {fmt!r} is not supported (NHWC or NCHW)")
+    return fmt == "NHWC"
+
+
+def _spatial(ctx: Ctx, key: str, nhwc: bool, default: list[int] | None = None) -> list[int]:
+    """The two spatial entries of a 4-entry attribute given in the data format's order."""
+    v = [int(a) for a in ctx.attr(key, default)]
+    if len(v) != 4:
+        raise ctx.error(f"attribute {key} must have 4 entries, has {v}")
+    outer = (v[0], v[3]) if nhwc else (v[0], v[1])
+    if outer != (1, 1):
+        raise ctx.error(f"attribute {key} {v}: only the spatial dimensions may differ from 1")
+    return v[1:3] if nhwc else v[2:4]
+
+
+def _pads(ctx: Ctx, nhwc: bool, size: list[int], kernel: list[int], strides: list[int],
+          dilations: list[int]) -> list[int]:
+    """ONNX pads [top, left, bottom, right] for TF's padding attribute: SAME puts the odd pixel at the
+    end, EXPLICIT lists (before, after) pairs for all four dimensions in the data format's order."""
+    padding = ctx.attr("padding")
+    if padding == "VALID":
+        return [0, 0, 0, 0]
+    if padding == "SAME":
+        begin, end = [], []
+        for n, k, s, d in zip(size, kernel, strides, dilations, strict=True):
+            total = max((-(-n // s) - 1) * s + (k - 1) * d + 1 - n, 0)
+            begin.append(total // 2)
+            end.append(total - total // 2)
+        return begin + end
+    if padding == "EXPLICIT":
+        p = [int(a) for a in ctx.attr("explicit_paddings")]
+        if len(p) != 8 or min(p) < 0:
+            raise ctx.error(f"explicit_paddings {p} must be 8 values >= 0")
+        h, w = (1, 2) if nhwc else (2, 3)
+        if p[0:2] != [0, 0] or p[6 if nhwc else 2:8 if nhwc else 4] != [0, 0]:
+            raise ctx.error(f"explicit_paddings {p}: only the spatial dimensions may be padded")
+        return [p[2 * h], p[2 * w], p[2 * h + 1], p[2 * w + 1]]
+    raise ctx.error(f"padding {padding!r} is not supported (SAME, VALID or EXPLICIT)")
+
+
+def _nchw_op(ctx: Ctx, x: Value, nhwc: bool, op: str, extra: list[Value], **attrs: object) -> Value:
+    if len(x.shape) != 4:
+        raise ctx.error(f"input of rank {len(x.shape)}, expected 4")
+    y = ctx.emit(op, [ctx.transpose(x, _TO_NCHW) if nhwc else x, *extra], **attrs)
+    return ctx.transpose(y, _TO_NHWC) if nhwc else y
+
+
+@tf_op("Conv2D")
+def conv2d(ctx: Ctx) -> Value:
+    x, w = ctx.x(0), ctx.x(1)  # w: [kh, kw, in / groups, out]
+    nhwc = _channels_last(ctx)
+    if len(x.shape) != 4 or len(w.shape) != 4:
+        raise ctx.error(f"input rank {len(x.shape)} and filter rank {len(w.shape)}, expected 4 and 4")
+    strides, dilations = _spatial(ctx, "strides", nhwc), _spatial(ctx, "dilations", nhwc, [1, 1, 1, 1])
+    size = list(x.shape[1:3] if nhwc else x.shape[2:4])
+    channels = x.shape[3 if nhwc else 1]
+    if w.shape[2] == 0 or channels % w.shape[2]:
+        raise ctx.error(f"input channels {channels} are not a multiple of the filter's {w.shape[2]}")
+    pads = _pads(ctx, nhwc, size, list(w.shape[:2]), strides, dilations)
+    return _nchw_op(ctx, x, nhwc, "Conv", [ctx.transpose(w, [3, 2, 0, 1])], strides=strides,
+                    dilations=dilations, pads=pads, group=channels // w.shape[2], kernel_shape=list(w.shape[:2]))
+
+
+@tf_op("DepthwiseConv2dNative")
+def depthwise_conv2d(ctx: Ctx) -> Value:
+    x, w = ctx.x(0), ctx.x(1)  # w: [kh, kw, in, multiplier]; output channel c * multiplier + m
+    nhwc = _channels_last(ctx)
+    if len(x.shape) != 4 or len(w.shape) != 4:
+        raise ctx.error(f"input rank {len(x.shape)} and filter rank {len(w.shape)}, expected 4 and 4")
+    kh, kw, cin, mult = w.shape
+    if x.shape[3 if nhwc else 1] != cin:
+        raise ctx.error(f"input has {x.shape[3 if nhwc else 1]} channels, the filter {cin}")
+    strides, dilations = _spatial(ctx, "strides", nhwc), _spatial(ctx, "dilations", nhwc, [1, 1, 1, 1])
+    size = list(x.shape[1:3] if nhwc else x.shape[2:4])
+    pads = _pads(ctx, nhwc, size, [kh, kw], strides, dilations)
+    weight = ctx.reshape(ctx.transpose(w, [2, 3, 0, 1]), [cin * mult, 1, kh, kw])
+    return _nchw_op(ctx, x, nhwc, "Conv", [weight], strides=strides, dilations=dilations, pads=pads,
+                    group=cin, kernel_shape=[kh, kw])
+
+
+@tf_op("MaxPool", "AvgPool")
+def pool(ctx: Ctx) -> Value:
+    x = ctx.x(0)
+    nhwc = _channels_last(ctx)
+    if len(x.shape) != 4:
+        raise ctx.error(f"input of rank {len(x.shape)}, expected 4")
+    kernel, strides = _spatial(ctx, "ksize", nhwc), _spatial(ctx, "strides", nhwc)
+    size = list(x.shape[1:3] if nhwc else x.shape[2:4])
+    pads = _pads(ctx, nhwc, size, kernel, strides, [1, 1])
+    # TF's average leaves the padding out of the count, as ONNX's count_include_pad=0 does.
+    op = "MaxPool" if ctx.op_type == "MaxPool" else "AveragePool"
+    return _nchw_op(ctx, x, nhwc, op, [], kernel_shape=kernel, strides=strides, pads=pads)
+
+
+@tf_op("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3")
+def fused_batch_norm(ctx: Ctx) -> Value:
+    if ctx.attr("is_training", True):
+        raise ctx.error("is_training=true normalizes with the batch's statistics (a training graph); "
+                        "export the model for inference")
+    x, scale, offset, mean, var = (ctx.x(i) for i in range(5))
+    # y = x * s + (offset - mean * s) with s = scale / sqrt(var + epsilon): folded when constant.
+    eps = ctx.const(float(ctx.attr("epsilon", 1e-4)), var.dtype)
+    s = ctx.emit("Mul", [scale, ctx.emit("Reciprocal", [ctx.emit("Sqrt", [ctx.emit("Add", [var, eps])])])])
+    shift = ctx.emit("Sub", [offset, ctx.emit("Mul", [mean, s])])
+    if not _channels_last(ctx):
+        s, shift = (ctx.reshape(v, [v.shape[0], *[1] * (len(x.shape) - 2)]) for v in (s, shift))
+    if s.dtype != x.dtype:  # float16 activations with float32 statistics
+        s, shift = (ctx.emit("Cast", [v], to=dtypes.onnx_type(x.dtype)) for v in (s, shift))
+    return ctx.emit("Add", [ctx.emit("Mul", [x, s]), shift])
+
+
+_REDUCE = {"Sum": "ReduceSum", "Mean": "ReduceMean", "Max": "ReduceMax", "Min": "ReduceMin", "Prod": "ReduceProd"}
+
+
+@tf_op(*_REDUCE)
+def reduce(ctx: Ctx) -> Value:
+    x = ctx.x(0)
+    axes = [ctx.axis(a, len(x.shape)) for a in ctx.ints(1, "reduction_indices")]
+    # TF reduces nothing for empty axes; ONNX would reduce everything without noop_with_empty_axes.
+    return ctx.emit(_REDUCE[ctx.op_type], [x, ctx.const(np.array(axes, np.int64))],
+                    keepdims=int(bool(ctx.attr("keep_dims", False))), noop_with_empty_axes=1)
+
+
+@tf_op("ArgMax", "ArgMin")
+def arg_max(ctx: Ctx) -> Value:
+    x = ctx.x(0)
+    (axis, *rest) = ctx.ints(1, "dimension") or [None]
+    if axis is None or rest:
+        raise ctx.error("dimension must be one axis")
+    y = ctx.emit(ctx.op_type, [x], axis=ctx.axis(axis, len(x.shape)), keepdims=0)
+    out = to_numpy(ctx.attr("output_type", 9), f"{ctx.op_type} node {ctx.name!r}: attribute output_type")
+    return y if out == np.int64 else ctx.emit("Cast", [y], to=dtypes.onnx_type(out))
