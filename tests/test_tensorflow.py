@@ -1,0 +1,209 @@
+"""TensorFlow frontend: frozen GraphDefs built by TensorFlow (tests/tf_fixtures.py, cached) compile and
+match TensorFlow's outputs; errors name the node. TensorFlow is only needed to make the fixtures (the
+``test`` extra installs it); without it these tests fail with the install command, they do not skip."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tf_fixtures import fixtures_dir
+
+from aotc.bindings import CompiledModel, load
+from aotc.build import StagedBuild
+from aotc.codegen.library import cdef, generate, metadata
+from aotc.config import parse_config
+from aotc.errors import AotcError, UnsupportedOpsError
+from aotc.frontends.tensorflow import import_graphdef, is_tensorflow_model
+from aotc.ir.graph import Graph
+from aotc.ops.dynamic import expose_counts
+from aotc.passes.pipeline import run_passes
+from aotc.target import resolve
+
+
+@pytest.fixture(scope="module")
+def fx() -> Path:
+    return fixtures_dir()
+
+
+def compile_graph(graph: Graph, out_dir: Path) -> CompiledModel:
+    """compile_model's steps from an imported Graph (compile_model itself takes ONNX only, so far)."""
+    target = resolve("native")
+    graph.isa = target.isa
+    inputs = [v.name for v in graph.inputs]
+    bounded = expose_counts(graph)
+    outputs = [v.name for v in graph.outputs]
+    run_passes(graph)
+    lib = generate(graph, graph.name, inputs, outputs, "model.pb", bounded=bounded)
+    with StagedBuild(out_dir, graph.name) as staged:
+        build_id = staged.build(lib, target.flags)
+        staged.commit({f"{graph.name}.json": metadata(lib, graph, {"build_id": build_id}).encode(),
+                       f"{graph.name}.cdef": (f"/* aotc build {build_id} */\n"
+                                              f"const char *{graph.name}_build_id(void);\n"
+                                              + cdef(graph.name)).encode()})
+    return load(out_dir / graph.name)
+
+
+def fixture(fx: Path, name: str) -> tuple[dict, list[np.ndarray], list[np.ndarray]]:
+    meta = json.loads((fx / f"{name}.json").read_text())
+    data = np.load(fx / f"{name}.npz")
+    ins = [data[f"in_{i}"] for i in range(len(meta["inputs"]))]
+    return meta, ins, [data[f"out_{i}"] for i in range(len(meta["outputs"]))]
+
+
+def check_against_tf(fx: Path, name: str, tmp_path: Path, suffix: str = ".pb",
+                     shapes: dict | None = None) -> tuple[Graph, CompiledModel]:
+    meta, ins, expected = fixture(fx, name)
+    graph = import_graphdef(fx / f"{name}{suffix}", shapes, name, outputs=meta["outputs"])
+    # A GraphDef does not keep the function's argument order: the inputs come in the graph's order.
+    feeds = dict(zip([n.removesuffix(":0") for n in meta["inputs"]], ins, strict=True))
+    assert sorted(v.name for v in graph.inputs) == sorted(feeds)
+    model = compile_graph(graph, tmp_path)
+    got = model.run(feeds)
+    assert len(got) == len(expected)
+    for out_name, g, e in zip(meta["outputs"], got, expected, strict=True):
+        assert g.shape == e.shape and g.dtype == e.dtype, (out_name, g.shape, g.dtype, e.shape, e.dtype)
+        err = float(np.max(np.abs(g.astype(np.float64) - e))) if e.size else 0.0
+        print(f"{name} {out_name}: max abs error {err:.3g}", file=sys.stderr)
+        np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-4, err_msg=out_name)
+    return graph, model
+
+
+def test_keras_mlp(fx, tmp_path):
+    graph, _ = check_against_tf(fx, "mlp", tmp_path)
+    assert [v.name for v in graph.outputs] == ["Identity"]
+
+
+def test_keras_cnn_from_pbtxt_with_the_batch_pinned(fx, tmp_path):
+    # Conv2D (SAME, strided, dilated through SpaceToBatchND), BatchNormalization, Relu6, depthwise,
+    # swish (its IdentityN), max/average pooling, global average pooling, Dense.
+    check_against_tf(fx, "cnn", tmp_path, ".pbtxt", {"image": (2, 12, 12, 3)})
+
+
+def test_reduce_sum_of_x_plus_y_times_z_is_one_kernel(fx, tmp_path):
+    graph, model = check_against_tf(fx, "reduce_sum", tmp_path)
+    assert len(graph.kernels) == 1
+    assert graph.kernels[0].ops == ["Mul", "Add", "ReduceSum"]
+    assert model.num_kernels == 1
+
+
+@pytest.mark.parametrize("name", ["nn_ops", "math_ops", "shape_ops"])
+def test_ops_match_tensorflow(fx, tmp_path, name):
+    check_against_tf(fx, name, tmp_path)
+
+
+def test_binary_and_text_graphs_import_alike(fx):
+    meta, _, _ = fixture(fx, "cnn")
+    a, b = (import_graphdef(fx / f"cnn{s}", {"image": (1, 12, 12, 3)}, outputs=meta["outputs"])
+            for s in (".pb", ".pbtxt"))
+    assert a.to_text() == b.to_text()
+    assert is_tensorflow_model(fx / "cnn.pb") and is_tensorflow_model(fx / "cnn.pbtxt")
+    assert not is_tensorflow_model("model.onnx")
+
+
+def test_open_batch_needs_a_shape(fx):
+    with pytest.raises(AotcError, match=r"input 'image' has dynamic shape \[\?,12,12,3\]; pin it with "
+                                        r"--input-shape image=\.\.\."):
+        import_graphdef(fx / "cnn.pb")
+    with pytest.raises(AotcError, match=r"input 'image': shape \[2, 12, 12\] does not match the graph's "
+                                        r"\['\?', 12, 12, 3\]"):
+        import_graphdef(fx / "cnn.pb", {"image": (2, 12, 12)})
+
+
+def test_config_feeds_and_fetches(fx, tmp_path):
+    cfg = parse_config('feed { id { node_name: "x" } name: "a" }\n'
+                       'feed { id { node_name: "y" } name: "b" }\n'
+                       'feed { id { node_name: "z" } name: "c" }\n'
+                       'fetch { id { node_name: "Identity" } name: "total" }\n')
+    graph = import_graphdef(fx / "reduce_sum.pb", config=cfg, name="rs")
+    assert [v.name for v in graph.inputs] == ["a", "b", "c"] and [v.name for v in graph.outputs] == ["total"]
+    _, ins, (expected,) = fixture(fx, "reduce_sum")
+    (got,) = compile_graph(graph, tmp_path).run(ins)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+
+    unused = parse_config('feed { id { node_name: "x" } }\nfetch { id { node_name: "mul" } }\n')
+    with pytest.raises(AotcError, match=r"feed 'x': no fetch needs it"):
+        import_graphdef(fx / "reduce_sum.pb", config=unused)
+
+
+# -- hand-made GraphDefs: errors and tensor encodings (no TensorFlow needed) --------------------------
+def _graph(*nodes: tuple[str, str, list[str], dict]):
+    from tensorboard.compat.proto import graph_pb2
+
+    gd = graph_pb2.GraphDef()
+    for name, op, inputs, attrs in nodes:
+        n = gd.node.add(name=name, op=op, input=inputs)
+        for k, fill in attrs.items():
+            fill(n.attr[k])
+    return gd
+
+
+def _float_placeholder(a):
+    a.type = 1  # DT_FLOAT
+
+
+def _shape(*dims):
+    def fill(a):
+        for d in dims:
+            a.shape.dim.add(size=d)
+    return fill
+
+
+def test_every_unsupported_op_is_listed_at_once():
+    gd = _graph(("x", "Placeholder", [], {"dtype": _float_placeholder, "shape": _shape(2)}),
+                ("a", "Bogus", ["x"], {}), ("b", "Weird", ["a", "^x"], {}), ("c", "Bogus", ["b"], {}),
+                ("unused", "AlsoBogus", ["x"], {}), ("y", "Relu", ["c"], {}))
+    with pytest.raises(UnsupportedOpsError) as e:
+        import_graphdef(gd, outputs=["y"])
+    assert str(e.value) == "unsupported ops: Bogus (nodes: a, c); Weird (nodes: b)"
+
+
+def test_constants_splat_and_half_values():
+    def tensor(dtype, dims, **values):
+        def fill(a):
+            a.tensor.dtype = dtype
+            for d in dims:
+                a.tensor.tensor_shape.dim.add(size=d)
+            for k, v in values.items():
+                getattr(a.tensor, k).extend(v)
+        return fill
+
+    half_bits = np.array([1.5, -2.0], np.float16).view(np.uint16).tolist()
+    gd = _graph(("s", "Const", [], {"value": tensor(1, [2, 3], float_val=[7.0]), "dtype": _float_placeholder}),
+                ("h", "Const", [], {"value": tensor(19, [2], half_val=half_bits)}),
+                ("z", "Const", [], {"value": tensor(3, [4])}))
+    g = import_graphdef(gd, outputs=["s", "h", "z"])
+    s, h, z = (v.producer.inputs[0].const for v in g.outputs)
+    np.testing.assert_array_equal(s, np.full((2, 3), 7.0, np.float32))
+    np.testing.assert_array_equal(h, np.array([1.5, -2.0], np.float16))
+    np.testing.assert_array_equal(z, np.zeros(4, np.int32))
+
+
+def test_bad_files_are_one_line_errors(tmp_path):
+    (tmp_path / "bad.pb").write_bytes(b"\xff\xff\xff garbage")
+    (tmp_path / "bad.pbtxt").write_text("node { name: 'x' op: \n")
+    for f in ("bad.pb", "bad.pbtxt"):
+        with pytest.raises(AotcError, match=r"bad\.pb(txt)?: not a valid TensorFlow GraphDef") as e:
+            import_graphdef(tmp_path / f)
+        assert "\n" not in str(e.value)
+    with pytest.raises(AotcError, match="model file not found"):
+        import_graphdef(tmp_path / "missing.pb")
+
+
+def test_missing_tensorboard_says_how_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "tensorboard.compat.proto", None)
+    monkeypatch.setitem(sys.modules, "tensorboard.compat.proto.graph_pb2", None)
+    with pytest.raises(AotcError, match=r"needs the tensorboard package.*pip install 'aotc\[tf\]'"):
+        import_graphdef("model.pb")
+
+
+def test_attribute_errors_name_the_node():
+    gd = _graph(("x", "Placeholder", [], {"dtype": _float_placeholder, "shape": _shape(1, 4, 4, 2)}),
+                ("p", "MaxPool", ["x"], {"ksize": lambda a: a.list.i.extend([1, 2, 2, 1]),
+                                         "strides": lambda a: a.list.i.extend([1, 1, 1, 1]),
+                                         "padding": lambda a: setattr(a, "s", b"FULL")}))
+    with pytest.raises(AotcError, match=r"^MaxPool node 'p': padding 'FULL' is not supported"):
+        import_graphdef(gd)
