@@ -17,7 +17,7 @@ from aotc.build import StagedBuild
 from aotc.codegen.library import cdef, generate, metadata
 from aotc.config import parse_config
 from aotc.errors import AotcError, UnsupportedOpsError
-from aotc.frontends.tensorflow import import_graphdef, is_tensorflow_model
+from aotc.frontends.tensorflow import import_graphdef, is_tensorflow_model, summarize
 from aotc.ir.graph import Graph
 from aotc.ops.dynamic import expose_counts
 from aotc.passes.pipeline import run_passes
@@ -102,6 +102,9 @@ def test_binary_and_text_graphs_import_alike(fx):
     assert a.to_text() == b.to_text()
     assert is_tensorflow_model(fx / "cnn.pb") and is_tensorflow_model(fx / "cnn.pbtxt")
     assert not is_tensorflow_model("model.onnx")
+    summary = summarize(fx / "cnn.pbtxt")
+    assert summary.inputs == [("image", "float32 [?,12,12,3]")] and summary.outputs == ["Identity"]
+    assert summary.ops["Conv2D"] == (3, True) and summary.ops["SpaceToBatchND"] == (1, True)
 
 
 def test_open_batch_needs_a_shape(fx):
@@ -159,6 +162,7 @@ def test_every_unsupported_op_is_listed_at_once():
     with pytest.raises(UnsupportedOpsError) as e:
         import_graphdef(gd, outputs=["y"])
     assert str(e.value) == "unsupported ops: Bogus (nodes: a, c); Weird (nodes: b)"
+    assert summarize(gd).ops["Weird"] == (1, False)
 
 
 def test_constants_splat_and_half_values():

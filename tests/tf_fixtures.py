@@ -26,7 +26,8 @@ def fixtures_dir() -> Path:
     out = CACHE / key
     if (out / "done").is_file():
         return out
-    tmp = Path(tempfile.mkdtemp(prefix=f"{key}.", dir=CACHE.mkdir(parents=True, exist_ok=True) or CACHE))
+    CACHE.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{key}.", dir=CACHE))  # written whole, then renamed into place
     proc = subprocess.run([sys.executable, __file__, str(tmp)], capture_output=True, text=True)
     if proc.returncode != 0:
         tail = "\n".join(proc.stderr.strip().splitlines()[-15:])

@@ -3,7 +3,8 @@
 The protobuf messages come from the ``tensorboard`` package (``pip install 'aotc[tf]'``).
 """
 
-from aotc.frontends.tensorflow.importer import import_graphdef, is_tensorflow_model, list_ops
+from aotc.frontends.tensorflow.importer import import_graphdef, is_tensorflow_model
 from aotc.frontends.tensorflow.proto import load_graphdef
+from aotc.frontends.tensorflow.summary import GraphSummary, summarize
 
-__all__ = ["import_graphdef", "is_tensorflow_model", "list_ops", "load_graphdef"]
+__all__ = ["GraphSummary", "import_graphdef", "is_tensorflow_model", "load_graphdef", "summarize"]

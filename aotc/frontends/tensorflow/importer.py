@@ -28,7 +28,7 @@ from aotc.passes.prune import prune
 
 TensorKey = tuple[str, int]
 # Ops handled here rather than by the table: they translate to nothing or to a graph input.
-_FRONTEND_OPS = frozenset({"Placeholder", "NoOp"})
+FRONTEND_OPS = frozenset({"Placeholder", "NoOp"})
 
 
 def is_tensorflow_model(path: str | Path) -> bool:
@@ -73,7 +73,7 @@ def import_graphdef(source: str | Path | Any, shapes: dict[str, tuple[int, ...]]
     elif outputs:
         fetches = [(tensor_key(o), "") for o in outputs]
     else:
-        fetches = [(k, "") for k in _sinks(gd)]
+        fetches = [(k, "") for k in default_outputs(gd)]
     for key, _ in fetches:
         if key[0] not in nodes:
             raise AotcError(f"fetch {tensor_name(key)!r}: no node of that name in the graph")
@@ -90,7 +90,7 @@ def import_graphdef(source: str | Path | Any, shapes: dict[str, tuple[int, ...]]
             raise AotcError(f"feed {tensor_name(key)!r}: no fetch needs it")
     missing: dict[str, list[str]] = {}
     for n in order:
-        if n.op not in TF_OPS and n.op not in _FRONTEND_OPS:
+        if n.op not in TF_OPS and n.op not in FRONTEND_OPS:
             missing.setdefault(n.op, []).append(n.name)
     if missing:
         raise UnsupportedOpsError(missing)
@@ -143,7 +143,7 @@ def import_graphdef(source: str | Path | Any, shapes: dict[str, tuple[int, ...]]
     return g
 
 
-def _sinks(gd: Any) -> list[TensorKey]:
+def default_outputs(gd: Any) -> list[TensorKey]:
     """Output 0 of every node no other node reads (Const, Placeholder and NoOp aside)."""
     read = {tensor_key(i)[0] for n in gd.node for i in n.input if not i.startswith("^")}
     return [(n.name, 0) for n in gd.node if n.name not in read and n.op not in ("Const", "Placeholder", "NoOp")]
@@ -220,11 +220,3 @@ def _input(g: Graph, node: Any, key: TensorKey, feed: Any, shapes: dict[str, tup
     v = Value(feed.name if feed is not None and feed.name else label, tuple(int(d) for d in shape), np.dtype(dt))
     g.inputs.append(v)
     return v
-
-
-def list_ops(source: str | Path | Any) -> dict[str, int]:
-    """Op type -> number of nodes, for ``aotc inspect``."""
-    counts: dict[str, int] = {}
-    for n in load_graphdef(source).node:
-        counts[n.op] = counts.get(n.op, 0) + 1
-    return counts
