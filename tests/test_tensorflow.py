@@ -127,6 +127,14 @@ def test_config_feeds_and_fetches(fx, tmp_path):
     (got,) = compile_graph(graph, tmp_path).run(ins)
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
 
+    # Feeding an intermediate tensor cuts what is upstream of it: y and z are no longer inputs.
+    cut = parse_config('feed { id { node_name: "x" } }\nfeed { id { node_name: "mul" } shape { dim { size: 1000 } } }\n'
+                       'fetch { id { node_name: "Identity" } }\n')
+    graph = import_graphdef(fx / "reduce_sum.pb", config=cut, name="cut")
+    assert [(v.name, v.shape, v.dtype) for v in graph.inputs] == [("x", (1000,), np.float32),
+                                                                  ("mul", (1000,), np.float32)]
+    assert [n.op for n in graph.nodes] == ["Add", "ReduceSum"]
+
     unused = parse_config('feed { id { node_name: "x" } }\nfetch { id { node_name: "mul" } }\n')
     with pytest.raises(AotcError, match=r"feed 'x': no fetch needs it"):
         import_graphdef(fx / "reduce_sum.pb", config=unused)

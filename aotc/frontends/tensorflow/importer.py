@@ -27,6 +27,10 @@ from aotc.ir.graph import Graph, Value
 from aotc.passes.prune import prune
 
 TensorKey = tuple[str, int]
+# Attributes that give a node's output 0 type, most specific first (Shape's T is its input's type).
+_TYPE_ATTRS = ("dtype", "out_type", "output_type", "DstT", "T")
+_BOOL_OPS = frozenset({"Equal", "NotEqual", "Greater", "GreaterEqual", "Less", "LessEqual", "IsNan", "IsInf",
+                       "IsFinite", "LogicalAnd", "LogicalOr", "LogicalNot"})
 # Ops handled here rather than by the table: they translate to nothing or to a graph input.
 FRONTEND_OPS = frozenset({"Placeholder", "NoOp"})
 
@@ -190,14 +194,16 @@ def _input(g: Graph, node: Any, key: TensorKey, feed: Any, shapes: dict[str, tup
     from ``shapes``, the config or the node, each checked against the others."""
     label = tensor_name(key)
     attr = {k: attr_value(v, f"{node.op} node {node.name!r}: attribute {k}") for k, v in node.attr.items()
-            if k in ("dtype", "T", "shape")}
+            if k in (*_TYPE_ATTRS, "shape")}
     dt = feed.dtype if feed is not None and feed.dtype is not None else None
-    declared = attr.get("dtype", attr.get("T"))
-    if declared is not None:
-        node_dt = to_numpy(declared, f"input {label!r}")
-        if dt is not None and dt != node_dt:
-            raise AotcError(f"feed {label!r}: config type {dt} but the graph has {node_dt}")
-        dt = node_dt
+    if node.op in _BOOL_OPS:
+        node_dt = np.dtype(np.bool_)
+    else:  # the output's type, where the node's attributes say it without knowing the op's signature
+        declared = next((attr[k] for k in _TYPE_ATTRS if k in attr), None)
+        node_dt = None if declared is None else to_numpy(declared, f"input {label!r}")
+    if dt is not None and node_dt is not None and dt != node_dt:
+        raise AotcError(f"feed {label!r}: config type {dt} but the graph has {node_dt}")
+    dt = dt if dt is not None else node_dt
     if dt is None:
         raise AotcError(f"feed {label!r}: cannot tell its element type; give 'type' in the config")
     dims = attr.get("shape") if node.op == "Placeholder" else None
