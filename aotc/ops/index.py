@@ -16,6 +16,7 @@ in C instead (``DimExpr``); Resize, whose taps have no closed form here, refuses
 
 from __future__ import annotations
 
+import math
 import string
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -77,7 +78,7 @@ def separable_gather(x: str, y: str, ctype: str, out_shape: Shape, offsets: list
     """C statements writing ``y`` (``out_shape``) from ``x``. ``offsets[d]`` is (out_shape[d], T_d)
     int64 input-offset contributions, or a DimExpr; ``weights[d]`` (same shape) or None for a plain
     gather."""
-    if int(np.prod(out_shape)) == 0:
+    if math.prod(out_shape) == 0:
         return "(void)0;"
     if not out_shape:  # rank 0: one element
         out_shape, offsets = (1,), [np.zeros((1, 1), np.int64)]
@@ -640,9 +641,9 @@ def _topk_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
     # Insertion into a sorted list of k: ties keep the lower index first, as ONNX asks. ``sorted=0``
     # leaves the order unspecified, so the sorted order is fine there too.
     before = "v > bv[p - 1]" if node.attr("largest", 1) else "v < bv[p - 1]"
-    return (row_loop_head(outer, inner)
+    return (_topk_arrays(node)[1] + "\n" + row_loop_head(outer, inner)
             + f"  const {ctype} *xr = {ins[0]} + o * {n * inner} + k;\n"
-            f"  {ctype} bv[{k}]; int64_t bi[{k}]; size_t m = 0;\n"
+            f"  size_t m = 0;\n"
             f"  for (size_t i = 0; i < {n}; i++) {{\n"
             f"    const {ctype} v = xr[i * {inner}];\n"
             f"    size_t p = m < {k} ? m++ : {k};\n"
@@ -655,7 +656,14 @@ def _topk_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
             f"{outs[1]}[o * {k * inner} + j * {inner} + k] = bi[j]; }}\n}}")
 
 
-register(OpDef("TopK", "kernel", _topk_infer, emit=_topk_emit, const_inputs=(1,)))
+def _topk_arrays(node: Node) -> tuple[int, str]:
+    """The row's best k values and their indices (k is as large as the axis, which may be huge)."""
+    k = _topk_k(node)
+    return task_arrays([("bv", _in(node).dtype, k), ("bi", np.dtype(np.int64), k)])
+
+
+register(OpDef("TopK", "kernel", _topk_infer, emit=_topk_emit, const_inputs=(1,),
+               scratch=lambda node: _topk_arrays(node)[0]))
 
 
 def _hardmax_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
@@ -663,7 +671,7 @@ def _hardmax_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> st
     rank = len(x.shape)
     if node.attr("_opset", 13) < 13:  # coerced to 2-D at axis
         axis = norm_axis(node.attr("axis", 1), rank, node)
-        outer, n, inner = int(np.prod(x.shape[:axis])), int(np.prod(x.shape[axis:])), 1
+        outer, n, inner = math.prod(x.shape[:axis]), math.prod(x.shape[axis:]), 1
     else:
         outer, n, inner = axis_layout(x.shape, norm_axis(node.attr("axis", -1), rank, node))
     return (row_loop_head(outer, inner)
@@ -684,7 +692,7 @@ def _trilu_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
     k = 0 if kk is None else int(np.asarray(kk).reshape(-1)[0])
     *batch, n, m = x.shape
     keep = f"(int64_t)j - (int64_t)i >= {k}" if node.attr("upper", 1) else f"(int64_t)j - (int64_t)i <= {k}"
-    return (f"for (size_t b = task; b < {int(np.prod(batch))}; b += ntasks)\n"
+    return (f"for (size_t b = task; b < {math.prod(batch)}; b += ntasks)\n"
             f"  for (size_t i = 0; i < {n}; i++)\n"
             f"    for (size_t j = 0; j < {m}; j++) {{\n"
             f"      const size_t at = (b * {n} + i) * {m} + j;\n"
@@ -695,33 +703,59 @@ def _trilu_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
 register(OpDef("Trilu", "kernel", _same, emit=_trilu_emit, const_inputs=(1,)))
 
 
-# -- GatherElements, GatherND, ScatterElements, ScatterND, OneHot --------------------------------------------
-def _unravel(name: str, shape: Shape) -> list[str]:
-    """C expressions of the multi-index of flat index ``name`` in ``shape``."""
-    strides = contiguous_strides(shape)
-    return [f"(({name} / {s}) % {d})" for s, d in zip(strides, shape, strict=True)]
-
-
+# -- Shared by kernels of every module: run-time index checks, per-task working arrays -----------------------
 def set_status(code: int) -> str:
     """A C statement reporting ``code`` through the run's status word (see aotc/codegen/kernels.py);
     atomic, as several tasks of a kernel may fail at once."""
     return f"__atomic_store_n(aotc_status, {code}, __ATOMIC_RELAXED);"
 
 
-def checked_index(node: Node, var: str, e: str, dim: int, values: np.ndarray | None, what: str = "index") -> str:
+def checked_index(node: Node, var: str, e: str, dim: int, values: np.ndarray | None, what: str = "index",
+                  negative: bool = True) -> str:
     """C statements setting ``int64_t var`` to the index ``e`` on an axis of length ``dim``, a negative
-    one counting from the end as in ONNX (-dim..-1). An index outside that range makes the kernel
+    one counting from the end as in ONNX (-dim..-1), or out of range if not ``negative`` (ops whose
+    indices onnxruntime takes in 0..dim-1 only). An index outside the range makes the kernel
     set ERR_INDEX_OUT_OF_RANGE and return before it reads or writes anything with it: one compare,
     as the clamp it replaced. ``values``: the index's values when they are compile-time constants,
     checked here instead, so that the C does not check them."""
-    head = f"int64_t {var} = (int64_t)({e});\nif ({var} < 0) {var} += {dim};"
+    lo = -dim if negative else 0
+    head = f"int64_t {var} = (int64_t)({e});" + (f"\nif ({var} < 0) {var} += {dim};" if negative else "")
     if values is None:
         return head + f"\nif ({var} < 0 || {var} >= {dim}) {{ {set_status(IndexOutOfRangeError.code)} return; }}"
-    bad = values[(values < -dim) | (values >= dim)]
+    bad = values[(values < lo) | (values >= dim)]
     if bad.size:
         raise AotcError(f"{_where(node)}: {what} {int(bad.reshape(-1)[0])} is out of range for an axis of "
-                        f"length {dim} (valid: {-dim}..{dim - 1})")
+                        f"length {dim} (valid: {lo}..{dim - 1})")
     return head
+
+
+STACK_ARRAY_BYTES = 4096
+
+
+def task_arrays(arrays: list[tuple[str, np.dtype, int]]) -> tuple[int, str]:
+    """Working arrays of one kernel task, sized by tensor shapes or attributes: ``arrays`` holds
+    (C name, dtype, elements). Up to ``STACK_ARRAY_BYTES`` in all they are stack arrays; larger ones
+    would overflow a thread's stack for a big but valid model (pool threads may have small stacks),
+    so they are pointers into the task's scratch slot instead, each 64-byte aligned. Returns (scratch
+    bytes per task, for ``OpDef.scratch``: 0 for stack arrays; the C declarations). Either way the
+    code indexes them as ``name[i]``."""
+    sizes = [-(-max(n, 1) * np.dtype(dt).itemsize // 64) * 64 for _, dt, n in arrays]
+    if sum(sizes) <= STACK_ARRAY_BYTES:
+        return 0, "\n".join(f"{dtypes.c_type(dt)} {name}[{max(n, 1)}];" for name, dt, n in arrays)
+    lines = [f"unsigned char *const aotc_slot = (unsigned char *)scratch + task * (size_t){sum(sizes)};"]
+    at = 0
+    for (name, dt, _), size in zip(arrays, sizes, strict=True):
+        t = dtypes.c_type(dt)
+        lines.append(f"{t} *restrict {name} = ({t} *)(aotc_slot + {at});")
+        at += size
+    return sum(sizes), "\n".join(lines)
+
+
+# -- GatherElements, GatherND, ScatterElements, ScatterND, OneHot --------------------------------------------
+def _unravel(name: str, shape: Shape) -> list[str]:
+    """C expressions of the multi-index of flat index ``name`` in ``shape``."""
+    strides = contiguous_strides(shape)
+    return [f"(({name} / {s}) % {d})" for s, d in zip(strides, shape, strict=True)]
 
 
 def _const_indices(node: Node, i: int = 1) -> np.ndarray | None:
@@ -829,14 +863,14 @@ def _gather_nd_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> 
     x, idx = _in(node), _in(node, 1)
     b = int(node.attr("batch_dims", 0))
     q = idx.shape[-1]
-    inner = int(np.prod(x.shape[b + q:]))
-    nb = int(np.prod(x.shape[:b]))
-    per_batch = int(np.prod(idx.shape[b:-1]))
+    inner = math.prod(x.shape[b + q:])
+    nb = math.prod(x.shape[:b])
+    per_batch = math.prod(idx.shape[b:-1])
     if nb * per_batch * inner == 0:
         return "(void)0;"
     return (f"for (size_t j = task; j < {nb * per_batch}; j += ntasks) {{\n"
             f"{_indent(_nd_address(node, ins, b))}\n"
-            f"  at += (j / {per_batch}) * {int(np.prod(x.shape[b:]))};\n"
+            f"  at += (j / {per_batch}) * {math.prod(x.shape[b:])};\n"
             f"  memcpy({outs[0]} + j * {inner}, {ins[0]} + at, {inner} * sizeof({ctype}));\n}}")
 
 
@@ -857,8 +891,8 @@ def _scatter_nd_infer(node: Node):
 def _scatter_nd_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
     x, idx = _in(node), _in(node, 1)
     q = idx.shape[-1]
-    inner = int(np.prod(x.shape[q:]))
-    n = int(np.prod(idx.shape[:-1]))
+    inner = math.prod(x.shape[q:])
+    n = math.prod(idx.shape[:-1])
     upd = _SCATTER_UPDATE[node.attr("reduction", "none")]
     code = f"if (task != 0) return;\nmemcpy({outs[0]}, {ins[0]}, {x.size} * sizeof({ctype}));"
     if n * inner == 0:
@@ -886,9 +920,12 @@ def _onehot_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str
     out = node.outputs[0].shape
     axis = norm_axis(node.attr("axis", -1), len(out), node)
     outer, depth, inner = axis_layout(out, axis)
+    h = f"(int64_t){ins[0]}[e]"
+    if idx.dtype.kind == "f":  # NaN, inf and huge floats would convert with undefined behaviour
+        h = f"{ins[0]}[e] > {-depth - 1} && {ins[0]}[e] < {depth} ? {h} : {depth}"
     return (f"for (size_t e = task; e < {outer * inner}; e += ntasks) {{\n"
             f"  const size_t o = e / {max(inner, 1)}, k = e % {max(inner, 1)};\n"
-            f"  int64_t h = (int64_t){ins[0]}[e];\n"
+            f"  int64_t h = {h};\n"
             f"  if (h < 0) h += {depth};\n"
             f"  for (size_t j = 0; j < {depth}; j++) "
             f"{outs[0]}[(o * {depth} + j) * {inner} + k] = (int64_t)j == h ? {ins[2]}[1] : {ins[2]}[0];\n}}"
@@ -1013,7 +1050,7 @@ def _einsum_infer(node: Node):
 def _einsum_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
     terms, rhs, sizes = _einsum_parse(node)
     summed = [c for c in sizes if c not in rhs]
-    n_out = int(np.prod([sizes[c] for c in rhs]))
+    n_out = math.prod([sizes[c] for c in rhs])
     lines = [f"for (size_t e = task; e < {n_out}; e += ntasks) {{"]
     for c, ex in zip(rhs, _unravel("e", tuple(sizes[c] for c in rhs)), strict=True):
         lines.append(f"  const size_t {c}_ = {ex};")
@@ -1171,7 +1208,7 @@ def _affine_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str
     spatial = size[2:]
     k = len(spatial)
     align = bool(node.attr("align_corners", 0))
-    npts = int(np.prod(spatial))
+    npts = math.prod(spatial)
     if size[0] * npts == 0:
         return "(void)0;"
     # The output's last axis is (x, y[, z]): x follows the last spatial dim. Each base coordinate is

@@ -11,6 +11,8 @@ cycle would make the generated walk loop forever.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from aotc.codegen.names import c_bytes
@@ -18,6 +20,7 @@ from aotc.errors import AotcError
 from aotc.ir import dtypes
 from aotc.ir.graph import Node
 from aotc.ops.common import FLOAT_CTYPES, c_array, c_literal
+from aotc.ops.index import checked_index, task_arrays
 from aotc.ops.registry import OpDef, register
 
 _ML = "ai.onnx.ml."
@@ -40,7 +43,7 @@ register(OpDef(_ML + "Binarizer", "elementwise", lambda n: [(_in(n).shape, _in(n
 # -- ArrayFeatureExtractor: X[..., indices], a 1-D X giving one row ------------------------------------------
 def _afe_infer(node: Node):
     x, idx = _in(node), _in(node, 1)
-    k = int(np.prod(idx.shape))
+    k = math.prod(idx.shape)
     shape = (1, k) if len(x.shape) == 1 else (*x.shape[:-1], k)
     return [(shape, x.dtype)]
 
@@ -48,13 +51,15 @@ def _afe_infer(node: Node):
 def _afe_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
     x, idx = _in(node), _in(node, 1)
     n = x.shape[-1]
-    rows = int(np.prod(x.shape[:-1]))
-    k = int(np.prod(idx.shape))
-    # An index outside [0, n) is a run-time input error; it reads element 0 rather than out of bounds.
+    rows = math.prod(x.shape[:-1])
+    k = math.prod(idx.shape)
+    # Indices count from 0 only; one outside [0, n) is an error, as in onnxruntime.
+    values = np.asarray(idx.const).astype(np.int64) if idx.is_const else None
+    check = checked_index(node, "i", f"{ins[1]}[j]", n, values, negative=False)
     return (f"for (size_t r = task; r < {rows}; r += ntasks)\n"
             f"  for (size_t j = 0; j < {k}; j++) {{\n"
-            f"    const int64_t i = (int64_t){ins[1]}[j];\n"
-            f"    {outs[0]}[r * {k} + j] = {ins[0]}[r * {n} + (i >= 0 && i < {n} ? (size_t)i : 0)];\n"
+            + "".join(f"    {ln}\n" for ln in check.split("\n"))
+            + f"    {outs[0]}[r * {k} + j] = {ins[0]}[r * {n} + (size_t)i];\n"
             f"  }}")
 
 
@@ -182,8 +187,8 @@ def _tree_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
              c_array("double", "te_w", tb["weights"]), c_array("int32_t", "te_tg", tb["targets"]),
              c_array("int32_t", "te_root", tb["roots"]), c_array("int32_t", "te_lo", tb["set_lo"]),
              c_array("int32_t", "te_hi", tb["set_hi"]), c_array("double", "te_set", tb["members"]),
+             _tree_arrays(node)[1],
              f"for (size_t r = task; r < {rows}; r += ntasks) {{",
-             f"  double acc[{nt}];",
              f"  for (size_t j = 0; j < {nt}; j++) acc[j] = {init};",
              f"  for (size_t tr = 0; tr < {ntrees}; tr++) {{",
              "    int32_t i = te_root[tr];",
@@ -215,7 +220,13 @@ def _tree_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
     return "\n".join(lines)
 
 
-register(OpDef(_ML + "TreeEnsemble", "kernel", _tree_infer, emit=_tree_emit))
+def _tree_arrays(node: Node) -> tuple[int, str]:
+    """A row's sum per target (n_targets is an attribute: any size)."""
+    return task_arrays([("acc", np.dtype(np.float64), int(node.attr("n_targets", 1)))])
+
+
+register(OpDef(_ML + "TreeEnsemble", "kernel", _tree_infer, emit=_tree_emit,
+               scratch=lambda node: _tree_arrays(node)[0]))
 
 
 def _int_lit(v: int, ctype: str) -> str:
@@ -436,7 +447,7 @@ def _le_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
         dflt = c_literal(float(default[0]), ctype)
     else:
         table, dflt = _int_table(ctype, "le_val", vals), _int_lit(int(default[0]), ctype)
-    n = int(np.prod(x.shape))
+    n = math.prod(x.shape)
     if n_keys == 0:  # e.g. every key held a NUL; ``a < 0`` on a size_t would not compile with -Wextra
         return f"for (size_t i = task; i < {n}; i += ntasks) {outs[0]}[i] = {dflt};"
     return "\n".join([

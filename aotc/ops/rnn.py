@@ -1,14 +1,16 @@
 """Recurrent ops as one sequential kernel each: RNN, GRU, LSTM.
 
 Every (direction, batch row) pair is an independent recurrence, so the kernel splits those pairs over
-tasks and runs each one's loop over time with its state (h, c, gates) in local arrays. Each gate
+tasks and runs each one's loop over time with its state (h, c, gates) in the task's working arrays
+(on the stack, or in its scratch slot when the hidden size makes them large). Each gate
 value is a dot product of a row of W (R) with x (h): the rows are contiguous in the ONNX layout, so
 the weights are read as they are stored (they may be run-time inputs) and the dot products run in
 independent lanes that the compiler vectorizes without -ffast-math.
 
 Semantics follow onnxruntime where the spec is silent: ``sequence_lens`` stops a row's recurrence
 after its length (a reverse direction starts at the row's last valid step), Y is zero past it and
-Y_h/Y_c hold the state after the last valid step; ``clip`` bounds every gate's pre-activation;
+Y_h/Y_c hold the state after the last valid step; a length outside 0..seq_length is an error, as in
+onnxruntime (NAME_ERR_INDEX_OUT_OF_RANGE at run time); ``clip`` bounds every gate's pre-activation;
 activation_alpha/beta are consumed in order by the activations that take them.
 """
 
@@ -16,9 +18,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from aotc.errors import AotcError
+from aotc.errors import AotcError, IndexOutOfRangeError
 from aotc.ir.graph import Node
 from aotc.ops.common import aligned_inputs, c_literal
+from aotc.ops.index import set_status, task_arrays
 from aotc.ops.registry import OpDef, register
 
 LANES = 8
@@ -129,6 +132,11 @@ def _emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
     names = aligned_inputs(node, ins)
     x, w, r, bias = names[0], names[1], names[2], names[3] if len(names) > 3 else None
     seq = names[4] if len(names) > 4 else None
+    if seq and node.inputs[4].is_const:
+        lens = np.asarray(node.inputs[4].const).astype(np.int64).reshape(-1)
+        bad = lens[(lens < 0) | (lens > s)]
+        if bad.size:
+            raise AotcError(f"{op} node {node.name!r}: sequence length {int(bad[0])} is out of range 0..{s}")
     h0 = names[5] if len(names) > 5 else None
     c0 = names[6] if op == "LSTM" and len(names) > 6 else None
     peep = names[7] if op == "LSTM" and len(names) > 7 else None
@@ -136,7 +144,6 @@ def _emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
     y, yh, yc = (outs[i] if present[i] else None for i in range(3))
     lbr = op == "GRU" and node.attr("linear_before_reset", 0)
     input_forget = op == "LSTM" and node.attr("input_forget", 0)
-    hh = max(h, 1)
 
     x_at = "(b * {s} + t) * {i}" if layout else "(t * {b} + b) * {i}"
     y_at = "((b * {s} + t) * {d} + dir) * {h}" if layout else "((t * {d} + dir) * {b} + b) * {h}"
@@ -169,21 +176,21 @@ def _emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
     def step(dir_: int) -> list[str]:
         f = acts[dir_]
         rev = direction == "reverse" or dir_ == 1
-        body = [f"const {ctype} *wd = {w} + {dir_ * g * h * isz}, *rd = {r} + {dir_ * g * h * h};",
-                f"{ctype} hs[{hh}], gs[{max(g * h, 1)}];"]
+        body = [f"const {ctype} *wd = {w} + {dir_ * g * h * isz}, *rd = {r} + {dir_ * g * h * h};"]
         if bias:
             body.append(f"const {ctype} *bd = {bias} + {dir_ * 2 * g * h};")
         body.append("const size_t dir = " + str(dir_) + "; (void)dir;")
         init = f"{h0}[{st_at} + j]" if h0 else "0"
         body.append(f"for (size_t j = 0; j < {h}; j++) hs[j] = {init};")
         if op == "LSTM":
-            body.append(f"{ctype} cs[{hh}];")
             body.append(f"for (size_t j = 0; j < {h}; j++) cs[j] = {f'{c0}[{st_at} + j]' if c0 else '0'};")
             if peep:
                 body.append(f"const {ctype} *pd = {peep} + {dir_ * 3 * h};")
         if seq:
-            body += [f"const int64_t sl = (int64_t){seq}[b];",
-                     f"const size_t len = sl < 0 ? 0 : (sl > {s} ? {s} : (size_t)sl);"]
+            body.append(f"const int64_t sl = (int64_t){seq}[b];")
+            if not node.inputs[4].is_const:  # a length outside 0..seq_length: onnxruntime refuses it
+                body.append(f"if (sl < 0 || sl > {s}) {{ {set_status(IndexOutOfRangeError.code)} return; }}")
+            body.append("const size_t len = (size_t)sl;")
         else:
             body.append(f"const size_t len = {s};")
         loop = [f"const size_t t = {'len - 1 - st' if rev else 'st'};",
@@ -195,7 +202,6 @@ def _emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
             loop += gate_rows("0", str(2 * h), True, "gs")
             loop.append(f"for (size_t j = 0; j < {2 * h}; j++) gs[j] = {act(f[0], 'gs[j]')};")
             loop += gate_rows(str(2 * h), str(3 * h), False, "gs")
-            loop.append(f"{ctype} hr[{hh}];")
             if lbr:  # r scales (R_h h + Rb_h)
                 loop += [f"for (size_t j = 0; j < {h}; j++) {{", f"  {ctype} v = 0;"]
                 loop += ["  " + ln for ln in _dot(ctype, "v", f"rd + ({2 * h} + j) * {h}", "hs", h)]
@@ -203,8 +209,7 @@ def _emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
                     loop.append(f"  v += bd[{5 * h} + j];")
                 loop += [f"  hr[j] = gs[{h} + j] * v;", "}"]
             else:  # R_h applies to r * h
-                loop += [f"{ctype} rh[{hh}];",
-                         f"for (size_t j = 0; j < {h}; j++) rh[j] = gs[{h} + j] * hs[j];",
+                loop += [f"for (size_t j = 0; j < {h}; j++) rh[j] = gs[{h} + j] * hs[j];",
                          f"for (size_t j = 0; j < {h}; j++) {{", f"  {ctype} v = 0;"]
                 loop += ["  " + ln for ln in _dot(ctype, "v", f"rd + ({2 * h} + j) * {h}", "rh", h)]
                 if bias:
@@ -238,7 +243,8 @@ def _emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
             body.append(f"for (size_t j = 0; j < {h}; j++) {yc}[{st_at} + j] = cs[j];")
         return body
 
-    code = [f"for (size_t task_r = task; task_r < {nd * bsz}; task_r += ntasks) {{",
+    code = [_arrays(node)[1],
+            f"for (size_t task_r = task; task_r < {nd * bsz}; task_r += ntasks) {{",
             f"  const size_t b = task_r % {max(bsz, 1)};"]
     if nd == 1:
         code += ["  " + ln for ln in step(0)]
@@ -249,5 +255,15 @@ def _emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
     return "\n".join(code)
 
 
+def _arrays(node: Node) -> tuple[int, str]:
+    """A task's recurrence state (h, and c for LSTM), its gate values and GRU's two reset products;
+    the hidden size may make them too large for the stack. Both directions reuse them."""
+    h, g = _dims(node)[3], _GATES[node.op]
+    dt = node.inputs[0].dtype
+    names = {"RNN": ("hs",), "GRU": ("hs", "hr") if node.attr("linear_before_reset", 0) else ("hs", "hr", "rh"),
+             "LSTM": ("hs", "cs")}[node.op]
+    return task_arrays([(n, dt, h) for n in names] + [("gs", dt, g * h)])
+
+
 for _op in ("RNN", "GRU", "LSTM"):
-    register(OpDef(_op, "kernel", _infer, emit=_emit))
+    register(OpDef(_op, "kernel", _infer, emit=_emit, scratch=lambda node: _arrays(node)[0]))

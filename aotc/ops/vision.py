@@ -1,13 +1,17 @@
 """Sampling and scatter ops of vision models, each one kernel: GridSample, RoiAlign, MaxUnpool,
 Col2Im, DeformConv.
 
-Coordinates computed from run-time data (grids, rois, offsets, indices) are clamped into a small
-range around the image before they become integers: a NaN or huge coordinate then reads nothing
-outside the input and converts without undefined behaviour, and gives what the reference gives
-(zero, or the border value) because every tap of such a coordinate is out of the image anyway.
+Coordinates computed from run-time data (grids, rois, offsets) are clamped into a small range
+around the image, in floating point, before they become integers: a NaN, infinite or huge coordinate
+then reads nothing outside the input and converts without undefined behaviour, and gives what the
+reference gives (zero, or the border value) because every tap of such a coordinate is out of the
+image anyway. Run-time indices (RoiAlign's batch indices, MaxUnpool's) are not coordinates: one out
+of range makes the run return NAME_ERR_INDEX_OUT_OF_RANGE, as onnxruntime raises.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -15,6 +19,7 @@ from aotc.errors import AotcError
 from aotc.ir.graph import Node, Value
 from aotc.ops.common import aligned_inputs, c_literal, const_input, contiguous_strides
 from aotc.ops.elementwise import math_fn
+from aotc.ops.index import checked_index, task_arrays
 from aotc.ops.registry import OpDef, register
 
 
@@ -22,6 +27,12 @@ def _in(node: Node, i: int) -> Value:
     v = node.inputs[i]
     assert v is not None and v.shape is not None
     return v
+
+
+def _const_values(node: Node, i: int) -> np.ndarray | None:
+    """Input ``i``'s values when it is a constant (its indices are then checked at compile time)."""
+    v = _in(node, i)
+    return np.asarray(v.const).astype(np.int64) if v.is_const else None
 
 
 def _float(node: Node, v: Value) -> None:
@@ -38,6 +49,7 @@ def _clamped(x: str, lo: float, hi: float, ctype: str) -> str:
 # -- GridSample --------------------------------------------------------------------------------------
 _GS_MODES = {"bilinear": "linear", "linear": "linear", "nearest": "nearest", "bicubic": "cubic",
              "cubic": "cubic"}
+_TAPS = {"nearest": 1, "linear": 2, "cubic": 4}  # per spatial dim
 
 
 def _gs_infer(node: Node):
@@ -67,7 +79,7 @@ def _gs_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
     x = _in(node, 0)
     n, c, sp = x.shape[0], x.shape[1], list(x.shape[2:])
     out_sp = node.outputs[0].shape[2:]
-    d, p, q = len(sp), int(np.prod(out_sp)), int(np.prod(sp))
+    d, p, q = len(sp), math.prod(out_sp), math.prod(sp)
     mode = _GS_MODES.get(node.attr("mode", "bilinear"))
     pad = node.attr("padding_mode", "zeros")
     align = bool(node.attr("align_corners", 0))
@@ -78,12 +90,12 @@ def _gs_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
         return "/* empty */"
     if 0 in sp:
         raise AotcError(f"GridSample node {node.name!r}: empty input image")
-    taps = {"nearest": 1, "linear": 2, "cubic": 4}[mode]
+    taps = _TAPS[mode]
     first = {"nearest": 0, "linear": 0, "cubic": -1}[mode]  # the first tap's offset from floor(x)
     stride = contiguous_strides(sp)
-    lines = [f"for (size_t r = task; r < {n * p}; r += ntasks) {{",
-             f"  const {ctype} *gp = {ins[1]} + r * {d};",
-             f"  size_t off[{d}][{taps}]; {ctype} wt[{d}][{taps}]; _Bool ok[{d}][{taps}];"]
+    lines = [_gs_arrays(node)[1],
+             f"for (size_t r = task; r < {n * p}; r += ntasks) {{",
+             f"  const {ctype} *gp = {ins[1]} + r * {d};"]
     for k in range(d):  # spatial dim k is the grid's component d - 1 - k
         size = sp[k]
         lo, hi = (0.0, size - 1.0) if align else (-0.5, size - 0.5)
@@ -101,27 +113,27 @@ def _gs_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
             body.append(_reflect("v", lo, hi, ctype))
         body.append(f"v = {_clamped('v', -4, size + 4, ctype)};")
         if mode == "nearest":
-            body += ["const long i0 = (long)v;", f"wt[{k}][0] = 1;"]
+            body += ["const int64_t i0 = (int64_t)v;", f"wt[{k * taps}] = 1;"]
         else:
-            body += [f"const long i0 = (long){math_fn('floor', ctype)}(v);",
+            body += [f"const int64_t i0 = (int64_t){math_fn('floor', ctype)}(v);",
                      f"const {ctype} t = v - ({ctype})i0;"]
             if mode == "linear":
-                body += [f"wt[{k}][0] = 1 - t; wt[{k}][1] = t;"]
+                body += [f"wt[{k * taps}] = 1 - t; wt[{k * taps + 1}] = t;"]
             else:  # Keys' cubic convolution, A = -0.75
                 body += [f"const {ctype} A = {c_literal(-0.75, ctype)}, t1 = t + 1, u = 1 - t, u1 = 2 - t;",
-                         f"wt[{k}][0] = ((A * t1 - 5 * A) * t1 + 8 * A) * t1 - 4 * A;",
-                         f"wt[{k}][1] = ((A + 2) * t - (A + 3)) * t * t + 1;",
-                         f"wt[{k}][2] = ((A + 2) * u - (A + 3)) * u * u + 1;",
-                         f"wt[{k}][3] = ((A * u1 - 5 * A) * u1 + 8 * A) * u1 - 4 * A;"]
-        body += [f"for (long a = 0; a < {taps}; a++) {{",
-                 f"  long i = i0 + a + ({first});",
-                 f"  ok[{k}][a] = {'i >= 0 && i < ' + str(size) if pad == 'zeros' else '1'};"]
+                         f"wt[{k * taps}] = ((A * t1 - 5 * A) * t1 + 8 * A) * t1 - 4 * A;",
+                         f"wt[{k * taps + 1}] = ((A + 2) * t - (A + 3)) * t * t + 1;",
+                         f"wt[{k * taps + 2}] = ((A + 2) * u - (A + 3)) * u * u + 1;",
+                         f"wt[{k * taps + 3}] = ((A * u1 - 5 * A) * u1 + 8 * A) * u1 - 4 * A;"]
+        body += [f"for (int64_t a = 0; a < {taps}; a++) {{",
+                 f"  int64_t i = i0 + a + ({first});",
+                 f"  ok[{k * taps} + a] = {'i >= 0 && i < ' + str(size) if pad == 'zeros' else '1'};"]
         if pad == "border":
             body.append(f"  i = i < 0 ? 0 : (i > {size - 1} ? {size - 1} : i);")
         elif pad == "reflection":
             body += [f"  {ctype} fi = ({ctype})i;", "  " + _reflect("fi", lo, hi, ctype),
-                     "  i = (long)fi;", f"  i = i < 0 ? 0 : (i > {size - 1} ? {size - 1} : i);"]
-        body += [f"  off[{k}][a] = ok[{k}][a] ? (size_t)i * {stride[k]} : 0;", "}"]
+                     "  i = (int64_t)fi;", f"  i = i < 0 ? 0 : (i > {size - 1} ? {size - 1} : i);"]
+        body += [f"  off[{k * taps} + a] = ok[{k * taps} + a] ? (size_t)i * {stride[k]} : 0;", "}"]
         lines += ["  {", *["    " + b for b in body], "  }"]
     # The sum over the tap product, one loop per spatial dim.
     acc = [f"for (size_t ch = 0; ch < {c}; ch++) {{",
@@ -131,9 +143,9 @@ def _gs_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
     for k in range(d):
         acc.append(f"{ind}for (size_t a{k} = 0; a{k} < {taps}; a{k}++) {{")
         ind += "  "
-    cond = " && ".join(f"ok[{k}][a{k}]" for k in range(d))
-    wexpr = " * ".join(f"wt[{k}][a{k}]" for k in range(d))
-    oexpr = " + ".join(f"off[{k}][a{k}]" for k in range(d))
+    cond = " && ".join(f"ok[{k * taps} + a{k}]" for k in range(d))
+    wexpr = " * ".join(f"wt[{k * taps} + a{k}]" for k in range(d))
+    oexpr = " + ".join(f"off[{k * taps} + a{k}]" for k in range(d))
     acc.append(f"{ind}if ({cond}) acc += {wexpr} * xc[{oexpr}];")
     for _ in range(d):
         ind = ind[:-2]
@@ -143,7 +155,14 @@ def _gs_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
     return "\n".join(lines)
 
 
-register(OpDef("GridSample", "kernel", _gs_infer, emit=_gs_emit))
+def _gs_arrays(node: Node) -> tuple[int, str]:
+    """Per spatial dim k, the offsets, weights and in-image flags of the sample's taps, at k * taps + a."""
+    x = _in(node, 0)
+    n = (len(x.shape) - 2) * _TAPS.get(_GS_MODES.get(node.attr("mode", "bilinear"), ""), 1)  # emit refuses a bad mode
+    return task_arrays([("off", np.dtype(np.uintp), n), ("wt", x.dtype, n), ("ok", np.dtype(np.bool_), n)])
+
+
+register(OpDef("GridSample", "kernel", _gs_infer, emit=_gs_emit, scratch=lambda node: _gs_arrays(node)[0]))
 
 
 # -- RoiAlign -------------------------------------------------------------------------------------------
@@ -198,9 +217,9 @@ def _roi_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
         sample += ["  v = v1 + v2 + v3 + v4;", "}", "acc += v;"]
     lines = [f"for (size_t t = task; t < {nr * c}; t += ntasks) {{",
              f"  const size_t ri = t / {c}, ch = t % {c};",
-             f"  const int64_t bi = (int64_t){ins[2]}[ri];",
-             f"  const size_t b = bi < 0 ? 0 : (bi >= {n} ? {n - 1} : (size_t)bi);",
-             f"  const {ctype} *xc = {ins[0]} + (b * {c} + ch) * {h * w};",
+             *["  " + ln for ln in checked_index(node, "bi", f"{ins[2]}[ri]", n, _const_values(node, 2),
+                                                 "batch index", negative=False).split("\n")],
+             f"  const {ctype} *xc = {ins[0]} + ((size_t)bi * {c} + ch) * {h * w};",
              f"  const {ctype} *roi = {ins[1]} + ri * 4;",
              f"  const {ctype} sw = roi[0] * {scale} - {off}, sh = roi[1] * {scale} - {off};",
              f"  {ctype} rw = roi[2] * {scale} - {off} - sw, rh = roi[3] * {scale} - {off} - sh;"]
@@ -208,7 +227,7 @@ def _roi_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
         lines.append("  rw = rw > 1 ? rw : 1; rh = rh > 1 ? rh : 1;")
     lines += [f"  const {ctype} bh = rh / {oh}, bw = rw / {ow};",
               f"  const size_t gh = {grid('rh', oh)}, gw = {grid('rw', ow)};",
-              f"  const {ctype} count = gh * gw > 1 ? ({ctype})(gh * gw) : 1;",
+              *([] if is_max else [f"  const {ctype} count = gh * gw > 1 ? ({ctype})(gh * gw) : 1;"]),
               f"  for (size_t ph = 0; ph < {oh}; ph++)",
               f"    for (size_t pw = 0; pw < {ow}; pw++) {{",
               f"      {ctype} acc = 0;" + (" _Bool first = 1;" if is_max else ""),
@@ -251,18 +270,20 @@ def _unpool_infer(node: Node):
 
 def _unpool_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
     inferred, out = _unpool_shapes(node)
-    total_in, total_inf, total_out = _in(node, 0).size, int(np.prod(inferred)), int(np.prod(out))
+    total_in, total_inf, total_out = _in(node, 0).size, math.prod(inferred), math.prod(out)
     if inferred == out:
         target = "(size_t)k"
     else:  # indices count in the unpooled shape, which sits at the output's origin
         st_i, st_o = contiguous_strides(inferred), contiguous_strides(out)
         target = " + ".join(f"((size_t)k / {st_i[a]} % {inferred[a]}) * {st_o[a]}" for a in range(len(out)))
-    # Indices may repeat or point anywhere: one task scatters, in order, so the last write wins.
+    # Indices may repeat: one task scatters, in order, so the last write wins. One outside the
+    # unpooled shape is an error, as in onnxruntime.
+    check = checked_index(node, "k", f"{ins[1]}[e]", total_inf, _const_values(node, 1), negative=False)
     return ("if (task != 0) return;\n"
             f"for (size_t i = 0; i < {total_out}; i++) {outs[0]}[i] = 0;\n"
             f"for (size_t e = 0; e < {total_in}; e++) {{\n"
-            f"  const int64_t k = {ins[1]}[e];\n"
-            f"  if (k >= 0 && k < {total_inf}) {outs[0]}[{target}] = {ins[0]}[e];\n}}")
+            + "".join(f"  {ln}\n" for ln in check.split("\n"))
+            + f"  {outs[0]}[{target}] = {ins[0]}[e];\n}}")
 
 
 register(OpDef("MaxUnpool", "kernel", _unpool_infer, emit=_unpool_emit, const_inputs=(2,)))
@@ -279,8 +300,8 @@ def _col2im_geometry(node: Node):
     strides = node.attr("strides") or [1] * d
     nblocks = [(img[k] + pads[k] + pads[d + k] - (dil[k] * (blk[k] - 1) + 1)) // strides[k] + 1
                for k in range(d)]
-    kk = int(np.prod(blk))
-    if len(x.shape) != 3 or len(blk) != d or x.shape[1] % max(kk, 1) or x.shape[2] != int(np.prod(nblocks)):
+    kk = math.prod(blk)
+    if len(x.shape) != 3 or len(blk) != d or x.shape[1] % max(kk, 1) or x.shape[2] != math.prod(nblocks):
         raise AotcError(f"Col2Im node {node.name!r}: input {list(x.shape)} does not match image_shape "
                         f"{img} and block_shape {blk}")
     return img, blk, dil, pads, strides, nblocks
@@ -289,13 +310,13 @@ def _col2im_geometry(node: Node):
 def _col2im_infer(node: Node):
     x = _in(node, 0)
     img, blk, *_ = _col2im_geometry(node)
-    return [((x.shape[0], x.shape[1] // max(int(np.prod(blk)), 1), *img), x.dtype)]
+    return [((x.shape[0], x.shape[1] // max(math.prod(blk), 1), *img), x.dtype)]
 
 
 def _col2im_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
     img, blk, dil, pads, strides, nblocks = _col2im_geometry(node)
     n, c = node.outputs[0].shape[:2]
-    d, kk, nl, isz = len(img), int(np.prod(blk)), int(np.prod(nblocks)), int(np.prod(img))
+    d, kk, nl, isz = len(img), math.prod(blk), math.prod(nblocks), math.prod(img)
     if n * c * isz == 0:
         return "/* empty */"
     sk, sl, si = contiguous_strides(blk), contiguous_strides(nblocks), contiguous_strides(img)
@@ -358,9 +379,9 @@ def _deform_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str
     fl = math_fn("floor", ctype)
     # Bilinear sampling with zeros outside the image (GridSample, align_corners=1, zeros padding).
     return "\n".join([
+        _deform_arrays(node)[1],
         f"for (size_t r = task; r < {n * p}; r += ntasks) {{",
         f"  const size_t n = r / {p}, pix = r % {p}, oy = pix / {ow}, ox = pix % {ow};",
-        f"  {ctype} col[{max(cg * kk, 1)}];",
         f"  for (size_t g = 0; g < {g}; g++) {{",
         f"    for (size_t cl = 0; cl < {cg}; cl++) {{",
         f"      const size_t ch = g * {cg} + cl, og = ch / {c // og};",
@@ -373,11 +394,11 @@ def _deform_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str
         f"+ {off}[(oi * 2 + 1) * {p} + pix];",
         f"        y = {_clamped('y', -2, h + 1, ctype)}; xx = {_clamped('xx', -2, wd + 1, ctype)};",
         f"        const {ctype} fy = {fl}(y), fx = {fl}(xx), ly = y - fy, lx = xx - fx;",
-        "        const long y0 = (long)fy, x0 = (long)fx;",
+        "        const int64_t y0 = (int64_t)fy, x0 = (int64_t)fx;",
         f"        {ctype} v = 0;",
-        "        for (long a = 0; a < 2; a++)",
-        "          for (long b = 0; b < 2; b++) {",
-        "            const long yi = y0 + a, xi = x0 + b;",
+        "        for (int64_t a = 0; a < 2; a++)",
+        "          for (int64_t b = 0; b < 2; b++) {",
+        "            const int64_t yi = y0 + a, xi = x0 + b;",
         f"            if (yi >= 0 && yi < {h} && xi >= 0 && xi < {wd})",
         f"              v += (a ? ly : 1 - ly) * (b ? lx : 1 - lx) * xc[(size_t)yi * {wd} + (size_t)xi];",
         "          }",
@@ -394,4 +415,11 @@ def _deform_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str
         "}"])
 
 
-register(OpDef("DeformConv", "kernel", _deform_infer, emit=_deform_emit))
+def _deform_arrays(node: Node) -> tuple[int, str]:
+    """The sampled input column of one output pixel and group (channels per group x kernel taps)."""
+    gm = _deform_geometry(node)
+    return task_arrays([("col", _in(node, 0).dtype, gm["c"] // gm["g"] * gm["kh"] * gm["kw"])])
+
+
+register(OpDef("DeformConv", "kernel", _deform_infer, emit=_deform_emit,
+               scratch=lambda node: _deform_arrays(node)[0]))
