@@ -7,6 +7,7 @@ before the passes run, so every pass and the code generator can rely on concrete
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,8 +29,10 @@ class Value:
 
     @property
     def size(self) -> int:
+        """The element count, exact: numpy's product wraps past 2**63 without a word, and sizes are
+        checked against the target's limits after shape inference."""
         assert self.shape is not None
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(int(d) for d in self.shape)
 
     @property
     def nbytes(self) -> int:
