@@ -39,7 +39,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     c = sub.add_parser("compile", help="compile a model into a C library")
-    c.add_argument("model", help="ONNX model file")
+    c.add_argument("model", help="ONNX model file, or TensorFlow frozen GraphDef (.pb, .pbtxt)")
     c.add_argument("-o", "--out-dir", default=DEFAULT_OUT_DIR,
                    help=f"output directory (default: {DEFAULT_OUT_DIR}): NAME.h, libNAME.a, libNAME.so, "
                         "NAME.json, NAME.cdef; the sources and build files are in OUT_DIR/.aotc/NAME/")
@@ -77,7 +77,7 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--trace", help="Chrome trace JSON to write (default: OUTDIR/NAME_trace.json)")
 
     i = sub.add_parser("inspect", help="list a model's ops, inputs, outputs and what is unsupported")
-    i.add_argument("model", help="ONNX model file")
+    i.add_argument("model", help="ONNX model file, or TensorFlow frozen GraphDef (.pb, .pbtxt)")
     return p
 
 
@@ -215,10 +215,32 @@ def _type_text(t: onnx.TypeProto) -> str:
     return f"{dtype} {dims}" if tt.HasField("shape") else f"{dtype} (rank unknown)"
 
 
+def _inspect_tensorflow(path: str) -> None:
+    from aotc.frontends.tensorflow import summarize
+
+    s = summarize(path)
+    print(f"model: {path} (TensorFlow GraphDef)")
+    print("inputs:")
+    for name, type_text in s.inputs:
+        print(f"  {name!r}: {type_text}")
+    print("outputs:")
+    for name in s.outputs:
+        print(f"  {name!r}")
+    print("ops:")
+    for op, (n, ok) in sorted(s.ops.items()):
+        print(f"  {op:24s} x{n}{'' if ok else '   UNSUPPORTED'}")
+    missing = [op for op, (_, ok) in sorted(s.ops.items()) if not ok]
+    print(f"unsupported: {', '.join(missing) if missing else 'none'}")
+
+
 def _cmd_inspect(args: argparse.Namespace) -> None:
     from aotc.frontends.onnx import FRONTEND_OPS, list_ops, load_model
+    from aotc.frontends.tensorflow import is_tensorflow_model
     from aotc.ops import OPS
 
+    if is_tensorflow_model(args.model):
+        _inspect_tensorflow(args.model)
+        return
     model = load_model(args.model)
     opset = next((i.version for i in model.opset_import if i.domain in ("", "ai.onnx")), "?")
     print(f"model: {args.model} (ir_version {model.ir_version}, opset {opset})")

@@ -18,10 +18,12 @@ from aotc.codegen.programs import benchmark_program, test_program
 from aotc.config import Config, load_config
 from aotc.errors import AotcError
 from aotc.frontends.onnx import import_onnx, load_model
+from aotc.frontends.tensorflow import import_graphdef, is_tensorflow_model
 from aotc.ir import dtypes
 from aotc.ir.graph import Graph
 from aotc.ops.dynamic import expose_counts
 from aotc.passes.pipeline import run_passes
+from aotc.passes.prune import apply_config
 from aotc.reference import random_inputs, run_reference, to_onnx
 from aotc.resources import runtime_dir, templates_dir
 from aotc.target import resolve
@@ -56,7 +58,7 @@ class CompileResult:
         return build_dir(self.out_dir, self.name)
 
 
-def compile_model(model: str | Path | onnx.ModelProto, out_dir: str | Path, name: str,
+def compile_model(model: str | Path | onnx.ModelProto | Graph, out_dir: str | Path, name: str,
                   config: str | Path | Config | None = None,
                   input_shapes: dict[str, tuple[int, ...]] | None = None,
                   target_cpu: str = "native", dump_to: str | Path | None = None,
@@ -90,10 +92,18 @@ def compile_model(model: str | Path | onnx.ModelProto, out_dir: str | Path, name
 
     t0 = time.perf_counter()
     say("import")
-    proto = model if isinstance(model, onnx.ModelProto) else load_model(model)
     cfg = load_config(config) if isinstance(config, (str, Path)) else config
     shapes = dict(input_shapes or {})
-    graph = import_onnx(proto, shapes, name, cfg)
+    if isinstance(model, Graph):  # imported by the caller (any frontend); the config still applies
+        graph = model
+        graph.name = name
+        if cfg is not None:
+            apply_config(graph, cfg)
+    elif model_path is not None and is_tensorflow_model(model_path):
+        graph = import_graphdef(model_path, shapes, name, cfg)
+    else:
+        proto = model if isinstance(model, onnx.ModelProto) else load_model(model)
+        graph = import_onnx(proto, shapes, name, cfg)
     if (gen_test or gen_benchmark) and any(dtypes.is_string(v.dtype) for v in graph.inputs):
         raise AotcError("--gen-test and --gen-benchmark do not support string inputs: the generated "
                         "programs store inputs as fixed-size binary elements, not strings")
@@ -185,7 +195,7 @@ def write_depfile(path: Path, targets: list[Path], inputs: list[Path]) -> None:
     write_if_changed(path, text.encode())
 
 
-def compile(model: str | Path | onnx.ModelProto, out_dir: str | Path = DEFAULT_OUT_DIR, name: str | None = None,
+def compile(model: str | Path | onnx.ModelProto | Graph, out_dir: str | Path = DEFAULT_OUT_DIR, name: str | None = None,
             threads: int = 1, **options) -> CompiledModel:  # noqa: A001
     """Compile a model and load it: ``aotc.compile("m.onnx", out_dir="aotc-out", name="m").run(feeds)``.
 
@@ -193,7 +203,7 @@ def compile(model: str | Path | onnx.ModelProto, out_dir: str | Path = DEFAULT_O
     from aotc.bindings import load
 
     if name is None:
-        name = "model" if isinstance(model, onnx.ModelProto) else _default_name(Path(model))
+        name = "model" if isinstance(model, (onnx.ModelProto, Graph)) else _default_name(Path(model))
     result = compile_model(model, out_dir, name, **options)
     return load(result.prefix, threads=threads)
 

@@ -12,16 +12,13 @@ import numpy as np
 import pytest
 from tf_fixtures import fixtures_dir
 
-from aotc.bindings import CompiledModel, load
-from aotc.build import StagedBuild
-from aotc.codegen.library import cdef, generate, metadata
+import aotc
+from aotc.bindings import CompiledModel
+from aotc.compiler import compile_model
 from aotc.config import parse_config
 from aotc.errors import AotcError, UnsupportedOpsError
 from aotc.frontends.tensorflow import import_graphdef, is_tensorflow_model, summarize
 from aotc.ir.graph import Graph
-from aotc.ops.dynamic import expose_counts
-from aotc.passes.pipeline import run_passes
-from aotc.target import resolve
 
 
 @pytest.fixture(scope="module")
@@ -30,21 +27,7 @@ def fx() -> Path:
 
 
 def compile_graph(graph: Graph, out_dir: Path) -> CompiledModel:
-    """compile_model's steps from an imported Graph (compile_model itself takes ONNX only, so far)."""
-    target = resolve("native")
-    graph.isa = target.isa
-    inputs = [v.name for v in graph.inputs]
-    bounded = expose_counts(graph)
-    outputs = [v.name for v in graph.outputs]
-    run_passes(graph)
-    lib = generate(graph, graph.name, inputs, outputs, "model.pb", bounded=bounded)
-    with StagedBuild(out_dir, graph.name) as staged:
-        build_id = staged.build(lib, target.flags)
-        staged.commit({f"{graph.name}.json": metadata(lib, graph, {"build_id": build_id}).encode(),
-                       f"{graph.name}.cdef": (f"/* aotc build {build_id} */\n"
-                                              f"const char *{graph.name}_build_id(void);\n"
-                                              + cdef(graph.name)).encode()})
-    return load(out_dir / graph.name)
+    return aotc.load(compile_model(graph, out_dir, graph.name).prefix)
 
 
 def fixture(fx: Path, name: str) -> tuple[dict, list[np.ndarray], list[np.ndarray]]:
@@ -219,3 +202,20 @@ def test_attribute_errors_name_the_node():
                                          "padding": lambda a: setattr(a, "s", b"FULL")}))
     with pytest.raises(AotcError, match=r"^MaxPool node 'p': padding 'FULL' is not supported"):
         import_graphdef(gd)
+
+
+def test_command_line_compiles_and_inspects_a_graphdef(fx, tmp_path):
+    import subprocess
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "aotc", *args], capture_output=True, text=True)
+
+    proc = cli("inspect", str(fx / "cnn.pb"))
+    assert proc.returncode == 0 and "TensorFlow GraphDef" in proc.stdout and "Conv2D" in proc.stdout, proc.stderr
+    proc = cli("compile", str(fx / "cnn.pb"), "-o", str(tmp_path), "-n", "cnn")
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and "--input-shape" in proc.stderr, proc.stderr
+    proc = cli("compile", str(fx / "cnn.pb"), "-o", str(tmp_path), "-n", "cnn", "--input-shape", "image=1,12,12,3",
+               "--gen-test")
+    assert proc.returncode == 0, proc.stderr
+    test = subprocess.run([str(tmp_path / "cnn_test")], capture_output=True, text=True)
+    assert test.returncode == 0 and "PASSED" in test.stdout, test.stdout + test.stderr
