@@ -56,7 +56,9 @@ class WorkspaceError(RunError):
 class IndexOutOfRangeError(RunError):
     code = 3
     status = "ERR_INDEX_OUT_OF_RANGE"
-    meaning = "an index input holds a value outside -n..n-1 for an axis of length n (a sequence length outside 0..n)"
+    meaning = ("an index input holds a value outside -n..n-1 for an axis of length n (0..n-1 for "
+               "ArrayFeatureExtractor, RoiAlign's batch indices and MaxUnpool), or a sequence length "
+               "(ReverseSequence, RNN/GRU/LSTM sequence_lens) outside 0..n")
 
 
 # Every documented status but NAME_OK (0): the header, the run function and the bindings list these.
