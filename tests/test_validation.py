@@ -16,7 +16,7 @@ from onnx_helpers import run_generated_test_under_sanitizers
 
 import aotc
 from aotc.compiler import compile_model
-from aotc.config import Config, Fetch, TensorId
+from aotc.config import Config, Feed, Fetch, TensorId
 from aotc.errors import UnsupportedOpsError
 
 W = np.random.default_rng(0).standard_normal((4, 2, 3, 3)).astype(np.float32)
@@ -105,9 +105,12 @@ def _empty_required_input() -> onnx.ModelProto:
     return make([helper.make_node("Add", ["x", ""], ["y"], name="a")], [vi("x", [2])], [vi("y", [2])])
 
 
-def _no_opset() -> onnx.ModelProto:
+def _relu_header(no_opset: bool = False, ir_version: int = 9) -> onnx.ModelProto:
+    """A Relu model with an empty opset_import or the given IR version."""
     model = _relu()
-    del model.opset_import[:]
+    if no_opset:
+        del model.opset_import[:]
+    model.ir_version = ir_version
     return model
 
 
@@ -142,10 +145,27 @@ SCHEMA_CASES = {
                               "Neg node 'n': output 'y' redefines a tensor name"),
     "output_redefines_input": (_relu(helper.make_node("Neg", ["y"], ["x"], name="n")), "output 'x' redefines"),
     "opset_99": (_relu(opset=99), "opset 99 of domain 'ai.onnx' is not defined"),
-    "no_opset_import": (_no_opset(), "the model imports no opset"),
+    "no_opset_import": (_relu_header(no_opset=True), "the model imports no opset"),
+    "ir_version_99": (_relu_header(ir_version=99), "IR version 99 is not defined (onnx"),
     "op_newer_than_opset": (
         make([helper.make_node("Gelu", ["x"], ["y"], name="g")], [vi("x", [2])], [vi("y", [2])], opset=17),
         "Gelu node 'g': Gelu is not defined in opset 17 of domain 'ai.onnx' (it was added in opset 20)"),
+    # Element types, declared or inferred by onnx, against the schema's type constraints.
+    "type_not_allowed": (
+        make([helper.make_node("Gemm", ["x", "x"], ["y"], name="g")], [vi("x", [2, 2], TensorProto.BOOL)],
+             [vi("y", [2, 2], TensorProto.BOOL)]),
+        "Gemm node 'g': input 0 (A) 'x' is bool, which Gemm-13 does not take there"),
+    "types_disagree": (make([helper.make_node("Add", ["x", "i"], ["y"], name="a")],
+                            [vi("x", [2]), vi("i", [2], TensorProto.INT64)], [vi("y", [2])]),
+                       "Add node 'a': input 1 (B) 'i' is int64 but input 0 (A) 'x' is float (both T of Add-14)"),
+    "declared_output_type": (
+        make([helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT)], [vi("x", [2], TensorProto.INT64)],
+             [vi("y", [2], TensorProto.INT16)]),
+        "graph output 'y' is declared int16 but its node makes float"),
+    "inferred_type": (
+        make([helper.make_node("Cast", ["x"], ["c"], to=TensorProto.INT64), helper.make_node("Neg", ["c"], ["n"]),
+              helper.make_node("Add", ["n", "x"], ["y"], name="a")], [vi("x", [2])], [vi("y", [2])]),
+        "Add node 'a': input 1 (B) 'x' is float but input 0 (A) 'n' is int64"),
     "internal_op": (make([helper.make_node("Copy", ["x"], ["y"], name="c")], [vi("x", [2])], [vi("y", [2])]),
                     "unsupported ops: Copy (nodes: c)"),
     # Was a ValueError raised while formatting the error.
@@ -247,8 +267,9 @@ def test_cli_refuses_negative_pads_in_one_line(tmp_path) -> None:
 
 
 def _invalid_utf8(where: str) -> bytes:
-    """A Relu model whose node name, tensor name or graph input name holds bytes that are not UTF-8."""
-    model = make([helper.make_node("Relu", ["INPUT"], ["MIDDL"], name="NODEN"),
+    """A Relu model whose node name, tensor name, graph input name or doc_string (``where``) holds
+    bytes that are not UTF-8."""
+    model = make([helper.make_node("Relu", ["INPUT"], ["MIDDL"], name="NODEN", doc_string="DOCST"),
                   helper.make_node("Neg", ["MIDDL"], ["y"])], [vi("INPUT", [2])], [vi("y", [2])])
     return model.SerializeToString().replace(where.encode(), b"bad\xff\xfe")  # same length
 
@@ -264,6 +285,12 @@ def test_invalid_utf8_names(where: str, fragment: str, tmp_path) -> None:
         path.write_bytes(data)
         for args in (("compile", str(path), "-o", str(tmp_path / "out")), ("inspect", str(path))):
             _assert_cli_error(_cli(*args), "is not valid UTF-8: b'bad\\xff\\xfe'")
+
+
+def test_invalid_utf8_in_free_text_is_left_alone(tmp_path) -> None:
+    """A doc_string is never read: bytes that are not UTF-8 there do not stop a compile."""
+    m = aotc.compile(onnx.load_from_string(_invalid_utf8("DOCST")), out_dir=tmp_path, name="m")
+    np.testing.assert_array_equal(m.run({"INPUT": np.array([-1, 2], np.float32)})[0], [0, -2])
 
 
 def _branches() -> onnx.ModelProto:
@@ -285,6 +312,10 @@ def test_unsupported_op_on_an_unfetched_branch(tmp_path) -> None:
     assert str(e.value) == "unsupported ops: FancyOp (nodes: fancy); com.example.Frobnicate (nodes: frob)"
     with pytest.raises(UnsupportedOpsError, match="FancyOp"):  # fetching z needs both
         compile_model(_branches(), tmp_path / "z", "m", config=Config(fetches=[Fetch(TensorId("z"))]))
+    cut = Config(feeds=[Feed(TensorId("f"), (2,), dtype=np.dtype(np.float32))], fetches=[Fetch(TensorId("z"))])
+    with pytest.raises(UnsupportedOpsError) as e:  # feeding f cuts FancyOp away
+        compile_model(_branches(), tmp_path / "f", "m", config=cut)
+    assert str(e.value) == "unsupported ops: com.example.Frobnicate (nodes: frob)"
 
 
 def test_schema_free_ops_and_custom_domains_still_compile(tmp_path) -> None:

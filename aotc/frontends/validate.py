@@ -19,8 +19,11 @@ unsupported unless aotc's op table has them.
 
 from __future__ import annotations
 
+from collections import ChainMap
+
 import onnx
 import onnx.defs
+import onnx.shape_inference
 from google.protobuf.descriptor import FieldDescriptor
 
 from aotc.errors import AotcError
@@ -53,14 +56,20 @@ _ATTR_FIELDS = {
 _Option = onnx.defs.OpSchema.FormalParameterOption
 
 
+# Free text aotc never reads: left as it is (attribute strings are bytes fields, decoded leniently).
+_FREE_TEXT = frozenset({"doc_string", "producer_name", "producer_version", "metadata_props", "denotation"})
+
+
 def check_strings(model: onnx.ModelProto) -> None:
-    """Refuse invalid UTF-8 in any string field (names, attributes, metadata). Python's protobuf
-    hands such a field over as ``bytes`` instead of ``str``, which nothing downstream expects."""
+    """Refuse invalid UTF-8 in names, domains and the other string fields aotc reads. Python's
+    protobuf hands such a field over as ``bytes`` instead of ``str``, which nothing downstream expects."""
     _check_strings(model, "model")
 
 
 def _check_strings(msg, path: str) -> None:
     for field, value in msg.ListFields():
+        if field.name in _FREE_TEXT:
+            continue
         if field.type == FieldDescriptor.TYPE_MESSAGE:
             if _repeated(field):
                 for i, m in enumerate(value):
@@ -82,7 +91,10 @@ def _repeated(field: FieldDescriptor) -> bool:
 
 def model_opsets(model: onnx.ModelProto) -> dict[str, int]:
     """Domain -> opset version ("" for the default domain, also spelled "ai.onnx"), checked: an
-    opset the installed onnx does not define is refused, as onnxruntime refuses it."""
+    opset or IR version the installed onnx does not define is refused, as onnxruntime refuses it."""
+    if model.ir_version > onnx.IR_VERSION:
+        raise AotcError(f"IR version {model.ir_version} is not defined (onnx {onnx.__version__} defines up to "
+                        f"{onnx.IR_VERSION})")
     if not model.opset_import and model.ir_version >= 3:
         raise AotcError("the model imports no opset (opset_import is empty); onnx requires one for "
                         "the default domain")
@@ -101,10 +113,54 @@ def model_opsets(model: onnx.ModelProto) -> dict[str, int]:
     return opsets
 
 
-def validate_graph(graph: onnx.GraphProto, opsets: dict[str, int]) -> None:
-    """Check every node of ``graph`` (and of its subgraphs) against its schema and aotc's value
-    rules, and that every tensor name is defined once. Raises AotcError on the first problem."""
-    _Checker(opsets).graph(graph, set(), "")
+def validate_graph(model: onnx.ModelProto, opsets: dict[str, int]) -> None:
+    """Check every node of ``model``'s graph (and of its subgraphs) against its schema and aotc's
+    value rules, that every tensor name is defined once and that the graph's outputs have the types
+    their nodes make. Raises AotcError on the first problem."""
+    typed = _typed(model)
+    _Checker(opsets).graph(model.graph, typed, set(), ChainMap(), "")
+    if typed is None:
+        return
+    made = _types(model.graph, typed)
+    for vi in model.graph.output:
+        declared = vi.type.tensor_type.elem_type if vi.type.HasField("tensor_type") else 0
+        if declared in _DATA_TYPES and made.get(vi.name) and declared not in (0, made[vi.name]):
+            raise AotcError(f"graph output {vi.name!r} is declared {_type_name(declared)} but its node makes "
+                            f"{_type_name(made[vi.name])}")
+
+
+def _typed(model: onnx.ModelProto) -> onnx.GraphProto | None:
+    """``model``'s graph with the element types onnx infers (non-strict: a node it cannot type is
+    left untyped), or None. The initializers go in as typed inputs: types need no weights; the
+    outputs go in untyped, so that what their nodes make can be compared with what they declare."""
+    light = onnx.ModelProto(ir_version=model.ir_version, opset_import=model.opset_import)
+    g = light.graph
+    g.node.extend(model.graph.node)
+    g.input.extend(model.graph.input)
+    g.output.extend(onnx.ValueInfoProto(name=vi.name) for vi in model.graph.output)
+    g.value_info.extend(model.graph.value_info)
+    listed = {vi.name for vi in model.graph.input}
+    for t in model.graph.initializer:
+        if t.name not in listed:
+            vi = g.input.add(name=t.name)
+            vi.type.tensor_type.elem_type = t.data_type
+            vi.type.tensor_type.shape.dim.extend(onnx.TensorShapeProto.Dimension(dim_value=d) for d in t.dims)
+    try:
+        return onnx.shape_inference.infer_shapes(light, strict_mode=False).graph
+    except Exception:  # noqa: BLE001 - no types then: the checks that need them are skipped
+        return None
+
+
+def _types(g: onnx.GraphProto, typed: onnx.GraphProto | None) -> dict[str, int]:
+    """Element types of the tensors ``g`` defines, as far as known (0: unknown; an invalid type is
+    the importer's to report, naming the tensor)."""
+    types: dict[str, int] = {}
+    if typed is not None:
+        for vi in [*typed.input, *typed.value_info, *typed.output]:
+            types[vi.name] = vi.type.tensor_type.elem_type if vi.type.HasField("tensor_type") else 0
+    for t in g.initializer:
+        types[t.name] = t.data_type
+    return {name: elem if elem in _DATA_TYPES else 0 for name, elem in types.items()}
 
 
 class _Checker:
@@ -112,12 +168,17 @@ class _Checker:
         self.opsets = opsets
         self.schemas: dict[tuple[str, str, int], onnx.defs.OpSchema | None] = {}
 
-    def graph(self, g: onnx.GraphProto, outer: set[str], where: str) -> None:
-        """``outer``: names visible from enclosing graphs, which a subgraph may not redefine."""
+    def graph(self, g: onnx.GraphProto, typed: onnx.GraphProto | None, outer: set[str],
+              outer_types: ChainMap[str, int], where: str) -> None:
+        """``typed``: ``g`` as onnx's inference typed it (or None); ``outer``: names visible from
+        enclosing graphs. A subgraph's inputs and initializers may shadow them, its nodes' outputs
+        may not (onnx.checker's and onnxruntime's rule)."""
         defined: set[str] = set()
+        types = outer_types.new_child(_types(g, typed))
+        typed_nodes = list(typed.node) if typed is not None and len(typed.node) == len(g.node) else None
 
-        def define(name: str, what: str, suffix: str = where) -> None:
-            if name in defined or name in outer:
+        def define(name: str, what: str, suffix: str = where, shadows: bool = False) -> None:
+            if name in defined or (name in outer and not shadows):
                 raise AotcError(f"{what} {name!r}{suffix} redefines a tensor name (an ONNX graph defines "
                                 "each name once)")
             defined.add(name)
@@ -129,17 +190,21 @@ class _Checker:
         for vi in g.input:
             if vi.name in defined:
                 raise AotcError(f"graph input {vi.name!r}{where} is declared twice")
-            define(vi.name, "graph input")
+            define(vi.name, "graph input", shadows=True)
         for name in inits:  # an initializer may also be listed as an input (a default)
             if name not in defined:
-                define(name, "initializer")
+                define(name, "initializer", shadows=True)
         for i, node in enumerate(g.node):
             label = f"{node.op_type} node {node.name or f'{node.op_type}_{i}'!r}{where}"
-            self.node(node, label)
+            self.node(node, label, types)
+            typed_attrs = {a.name: a for a in typed_nodes[i].attribute} if typed_nodes else {}
             for a in node.attribute:
                 subs = [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)
-                for sub in subs:
-                    self.graph(sub, outer | defined, f" (in attribute {a.name!r} of {label})")
+                ta = typed_attrs.get(a.name)
+                typed_subs = ([ta.g] if a.type == onnx.AttributeProto.GRAPH else list(ta.graphs)) if ta else []
+                for j, sub in enumerate(subs):
+                    self.graph(sub, typed_subs[j] if j < len(typed_subs) else None, outer | defined, types,
+                               f" (in attribute {a.name!r} of {label})")
             for name in node.output:
                 if name:
                     define(name, f"{label}: output", "")
@@ -163,11 +228,9 @@ class _Checker:
                         default=0)
             raise AotcError(f"{label}: {node.op_type} is not defined in opset {self.opsets[domain]} of "
                             f"domain {node.domain or 'ai.onnx'!r} (it was added in opset {since})")
-        if schema is not None and schema.deprecated:
-            raise AotcError(f"{label}: {node.op_type} is deprecated (removed) in opset {self.opsets[domain]}")
-        return schema
+        return schema  # deprecated ones too (GroupNormalization-18): onnxruntime still runs them
 
-    def node(self, node: onnx.NodeProto, label: str) -> None:
+    def node(self, node: onnx.NodeProto, label: str, types: ChainMap[str, int]) -> None:
         attrs: dict[str, onnx.AttributeProto] = {}
         for a in node.attribute:
             if a.name in attrs:
@@ -178,12 +241,40 @@ class _Checker:
             op = f"{node.op_type}-{schema.since_version}"  # onnx's name for this version of the op
             _check_arity(node, schema, label, op)
             _check_attributes(attrs, schema, label, op)
+            _check_types(node, schema, types, label, op)
         if node.op_type in WINDOW_OPS and node.domain in DEFAULT_DOMAINS:
             _check_window(node.op_type, attrs, label)
-        _check_types(attrs, label)
+        _check_type_attributes(attrs, label)
 
 
-def _check_types(attrs: dict[str, onnx.AttributeProto], label: str) -> None:
+def _type_name(elem: int) -> str:
+    return onnx.TensorProto.DataType.Name(elem).lower() if elem in _DATA_TYPES else str(elem)
+
+
+def _check_types(node: onnx.NodeProto, schema: onnx.defs.OpSchema, types: ChainMap[str, int], label: str,
+                 op: str) -> None:
+    """Each typed input and output has a type its parameter allows, and the tensors bound to one
+    type variable (T of Add's A, B and C) have one type: what onnxruntime checks when it loads."""
+    allowed = {c.type_param_str: c.allowed_type_strs for c in schema.type_constraints}
+    bound: dict[str, tuple[int, str]] = {}
+    for kind, names, params in (("input", node.input, schema.inputs), ("output", node.output, schema.outputs)):
+        for i, name in enumerate(names):
+            elem = types.get(name, 0) if name else 0
+            if not elem or not params:
+                continue
+            param = params[min(i, len(params) - 1)]
+            what = f"{kind} {i} ({param.name}) {name!r}"
+            if f"tensor({_type_name(elem)})" not in allowed.get(param.type_str, [param.type_str]) and \
+                    not any(t.startswith(("seq(", "optional(")) for t in allowed.get(param.type_str, [])):
+                raise AotcError(f"{label}: {what} is {_type_name(elem)}, which {op} does not take there")
+            if param.type_str in allowed and param.is_homogeneous:
+                first = bound.setdefault(param.type_str, (elem, what))
+                if first[0] != elem:
+                    raise AotcError(f"{label}: {what} is {_type_name(elem)} but {first[1]} is "
+                                    f"{_type_name(first[0])} (both {param.type_str} of {op})")
+
+
+def _check_type_attributes(attrs: dict[str, onnx.AttributeProto], label: str) -> None:
     """Element types in attributes are known ones (numpy and C type tables are keyed by them)."""
     for name, a in attrs.items():
         if a.type == onnx.AttributeProto.INT and name in DTYPE_ATTRS:
