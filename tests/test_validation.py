@@ -114,6 +114,12 @@ def _relu_header(no_opset: bool = False, ir_version: int = 9) -> onnx.ModelProto
     return model
 
 
+def _ml_model(node: onnx.NodeProto) -> onnx.ModelProto:
+    model = make([node], [vi("x", [3])], [vi("y", None)])
+    model.opset_import.append(helper.make_opsetid("ai.onnx.ml", 5))
+    return model
+
+
 def _initializer_of_type(data_type: int, dims=(2,)) -> onnx.ModelProto:
     """Two float32 zeros as raw data, stored as ``data_type`` with ``dims``."""
     c = numpy_helper.from_array(np.zeros(2, np.float32), "c")
@@ -140,6 +146,9 @@ SCHEMA_CASES = {
         make([helper.make_node("Cast", ["x"], ["y"], name="k")], [vi("x", [2])], [vi("y", [2])]),
         "Cast node 'k': required attribute 'to' is missing"),
     "empty_required_input": (_empty_required_input(), "Add node 'a': input 1 (B) is required but empty"),
+    # onnx's shape inference (still run later, for dtypes) crashed the process on this one.
+    "empty_input_of_ml_op": (_ml_model(helper.make_node("TreeEnsemble", [""], ["y"], name="t", domain="ai.onnx.ml")),
+                             "TreeEnsemble node 't': input 0 (X) is required but empty"),
     "duplicate_graph_input": (_relu(inputs=[vi("x", [2]), vi("x", [2])]), "graph input 'x' is declared twice"),
     "duplicate_node_output": (_relu(helper.make_node("Neg", ["x"], ["y"], name="n")),
                               "Neg node 'n': output 'y' redefines a tensor name"),

@@ -132,7 +132,7 @@ def import_onnx(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...] | None
             model = onnx.inliner.inline_local_functions(model)
         except Exception as e:
             raise AotcError(f"cannot inline the model's local functions: {e}") from None
-    validate_graph(model, opsets)
+    validate_graph(model.graph, opsets)
 
     # Sequence inputs and lengths first (a Loop over a sequence needs its trip count), then the rest
     # of the sequences and optionals once control flow is plain dataflow.
