@@ -57,6 +57,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="also build NAME_test: checks the library against outputs computed now by onnxruntime")
     c.add_argument("--gen-benchmark", action="store_true",
                    help="also build NAME_benchmark: prints latency percentiles (-t THREADS -n ITERATIONS)")
+    c.add_argument("--cpp-class", metavar="NS::NAME",
+                   help="also write NAME.hpp: a C++ class with the interface of tfcompile's --cpp_class "
+                        "header (see docs/tfcompile.md)")
     c.add_argument("--no-thread-pool", action="store_true",
                    help="leave out NAME_pool_create (for systems without pthreads)")
     c.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
@@ -126,7 +129,7 @@ def _cmd_compile(args: argparse.Namespace) -> None:
                             input_shapes=dict(args.input_shape), target_cpu=args.target_cpu,
                             dump_to=args.dump_to, depfile=args.depfile, log=log, profile=args.profile,
                             thread_pool=not args.no_thread_pool, gen_test=args.gen_test,
-                            gen_benchmark=args.gen_benchmark)
+                            gen_benchmark=args.gen_benchmark, cpp_class=args.cpp_class)
     finally:
         if status is not None:
             status.clear()
@@ -135,7 +138,8 @@ def _cmd_compile(args: argparse.Namespace) -> None:
         total = sum(res.seconds.values())
         print(f"aotc: compiled {name}: {res.num_kernels} kernels, workspace {plan.workspace_bytes} bytes "
               f"(intermediates {plan.intermediate_bytes}), constants {res.library.consts_bytes} bytes, "
-              f"{total:.2f}s -> {res.out_dir}/{name}.h, lib{name}.a, lib{name}.so"
+              f"{total:.2f}s -> {res.out_dir}/{name}.h{f', {name}.hpp' if args.cpp_class else ''}, "
+              f"lib{name}.a, lib{name}.so"
               + "".join(f", {p}" for p in sorted(res.library.programs)))
 
 

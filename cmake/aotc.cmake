@@ -1,11 +1,12 @@
-# aotc.cmake -- compile ONNX models to C libraries with aotc as part of a
-# CMake build.
+# aotc.cmake -- compile ONNX models and TensorFlow graphs to C libraries with
+# aotc as part of a CMake build.
 #
 # Usage (after include(path/to/cmake/aotc.cmake) or add_subdirectory of the
 # aotc repository):
 #
-#   aotc_add_model(<target> MODEL <file.onnx>
+#   aotc_add_model(<target> MODEL <file.onnx | file.pb | file.pbtxt | saved_model_dir>
 #                  [NAME <c-name>] [CONFIG <file.pbtxt>] [TARGET_CPU <cpu>]
+#                  [CPP_CLASS <ns::Name>] [SIGNATURE <name>] [TAG_SET <tags>]
 #                  [EXTRA_ARGS <arg>...])
 #
 # runs "aotc compile" at build time into ${CMAKE_CURRENT_BINARY_DIR}/<target>_aotc/
@@ -20,6 +21,17 @@
 # NAME defaults to <target> made into a C identifier; it sets the header
 # (<name>.h), the library (lib<name>.a) and the prefix of the C functions.
 # Relative MODEL/CONFIG paths are taken relative to the current source dir.
+#
+# In place of TensorFlow's tf_library: MODEL may be a frozen GraphDef (.pb,
+# .pbtxt) or a SavedModel directory (SIGNATURE and TAG_SET choose the
+# function, as aotc compile's --signature and --tag-set do), CONFIG the same
+# tf2xla.Config file, and CPP_CLASS also generates <name>.hpp with the C++
+# class tfcompile's header had (see docs/tfcompile.md):
+#
+#   aotc_add_model(mlp MODEL mlp.pb CONFIG mlp.config.pbtxt CPP_CLASS example::Mlp)
+#   add_executable(app main.cc)        # main.cc does #include "mlp.hpp"
+#   target_link_libraries(app PRIVATE mlp)
+#
 # The model is recompiled when the model or config changes; with generators
 # that support depfiles (Ninja; Makefiles with CMake >= 3.20) also when aotc
 # itself changes.
@@ -29,7 +41,8 @@
 #
 # After the call, these variables are set in the caller's scope:
 #   <target>_AOTC_INCLUDE_DIR, <target>_AOTC_HEADER, <target>_AOTC_LIBRARY,
-#   <target>_AOTC_SHARED_LIBRARY (aotc also builds lib<name>.so)
+#   <target>_AOTC_SHARED_LIBRARY (aotc also builds lib<name>.so),
+#   <target>_AOTC_CPP_HEADER (<name>.hpp; with CPP_CLASS only)
 
 include_guard(GLOBAL)
 
@@ -44,12 +57,13 @@ endif()
 find_program(AOTC_EXECUTABLE NAMES aotc DOC "aotc ahead-of-time compiler command")
 
 function(aotc_add_model target)
-  cmake_parse_arguments(PARSE_ARGV 1 _aotc "" "MODEL;NAME;CONFIG;TARGET_CPU" "EXTRA_ARGS")
+  cmake_parse_arguments(PARSE_ARGV 1 _aotc "" "MODEL;NAME;CONFIG;TARGET_CPU;CPP_CLASS;SIGNATURE;TAG_SET"
+                        "EXTRA_ARGS")
   if(_aotc_UNPARSED_ARGUMENTS)
     message(FATAL_ERROR "aotc_add_model(${target}): unknown arguments: ${_aotc_UNPARSED_ARGUMENTS}")
   endif()
   if(NOT _aotc_MODEL)
-    message(FATAL_ERROR "aotc_add_model(${target}): MODEL <file.onnx> is required")
+    message(FATAL_ERROR "aotc_add_model(${target}): MODEL <file.onnx|file.pb|saved_model_dir> is required")
   endif()
   if(TARGET ${target})
     message(FATAL_ERROR "aotc_add_model(${target}): a target named '${target}' already exists")
@@ -78,7 +92,15 @@ function(aotc_add_model target)
   set(depfile "${out_dir}/${name}.d")
 
   set(args compile "${model}" -o "${out_dir}" -n "${name}")
-  set(deps "${model}")
+  set(outputs "${library}" "${header}" "${shared_library}")
+  if(IS_DIRECTORY "${model}")
+    # A SavedModel: its graph and the variables checkpoint. A DEPENDS on the
+    # directory itself would not see a file inside it change.
+    file(GLOB variables CONFIGURE_DEPENDS "${model}/variables/*")
+    set(deps "${model}/saved_model.pb" ${variables})
+  else()
+    set(deps "${model}")
+  endif()
   if(_aotc_CONFIG)
     get_filename_component(config "${_aotc_CONFIG}" ABSOLUTE BASE_DIR "${CMAKE_CURRENT_SOURCE_DIR}")
     list(APPEND args -c "${config}")
@@ -86,6 +108,18 @@ function(aotc_add_model target)
   endif()
   if(_aotc_TARGET_CPU)
     list(APPEND args --target-cpu "${_aotc_TARGET_CPU}")
+  endif()
+  if(_aotc_SIGNATURE)
+    list(APPEND args --signature "${_aotc_SIGNATURE}")
+  endif()
+  if(_aotc_TAG_SET)
+    list(APPEND args --tag-set "${_aotc_TAG_SET}")
+  endif()
+  set(cpp_header "")
+  if(_aotc_CPP_CLASS)
+    set(cpp_header "${out_dir}/${name}.hpp")
+    list(APPEND args --cpp-class "${_aotc_CPP_CLASS}")
+    list(APPEND outputs "${cpp_header}")
   endif()
   list(APPEND args ${_aotc_EXTRA_ARGS})
 
@@ -101,19 +135,19 @@ function(aotc_add_model target)
   file(MAKE_DIRECTORY "${out_dir}")
 
   add_custom_command(
-    # aotc also writes lib<name>.so, and its depfile names it as a target:
-    # declare it, or Ninja rejects the depfile.
-    OUTPUT "${library}" "${header}" "${shared_library}"
+    # aotc also writes lib<name>.so (and <name>.hpp), and its depfile names
+    # them as targets: declare them, or Ninja rejects the depfile.
+    OUTPUT ${outputs}
     COMMAND ${AOTC_EXECUTABLE} ${args}
     # aotc does not rewrite outputs whose contents are unchanged; touch them
     # so that they are newer than the inputs and the step is not rerun.
-    COMMAND "${CMAKE_COMMAND}" -E touch "${library}" "${header}" "${shared_library}"
+    COMMAND "${CMAKE_COMMAND}" -E touch ${outputs}
     DEPENDS ${deps}
     ${depfile_args}
     WORKING_DIRECTORY "${CMAKE_CURRENT_BINARY_DIR}"
     COMMENT "aotc: compiling ${_aotc_MODEL} -> lib${name}.a"
     VERBATIM)
-  add_custom_target(${target}_aotc_gen DEPENDS "${library}" "${header}")
+  add_custom_target(${target}_aotc_gen DEPENDS ${outputs})
 
   # The generated thread pool (<name>_pool_create) uses pthreads; the rest of the library does not.
   if(NOT TARGET Threads::Threads AND (CMAKE_C_COMPILER_LOADED OR CMAKE_CXX_COMPILER_LOADED))
@@ -133,4 +167,5 @@ function(aotc_add_model target)
   set(${target}_AOTC_HEADER "${header}" PARENT_SCOPE)
   set(${target}_AOTC_LIBRARY "${library}" PARENT_SCOPE)
   set(${target}_AOTC_SHARED_LIBRARY "${shared_library}" PARENT_SCOPE)
+  set(${target}_AOTC_CPP_HEADER "${cpp_header}" PARENT_SCOPE)
 endfunction()
