@@ -39,7 +39,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     c = sub.add_parser("compile", help="compile a model into a C library")
-    c.add_argument("model", help="ONNX model file, or TensorFlow frozen GraphDef (.pb, .pbtxt)")
+    c.add_argument("model", help="ONNX model file, TensorFlow frozen GraphDef (.pb, .pbtxt) or SavedModel directory")
     c.add_argument("-o", "--out-dir", default=DEFAULT_OUT_DIR,
                    help=f"output directory (default: {DEFAULT_OUT_DIR}): NAME.h, libNAME.a, libNAME.so, "
                         "NAME.json, NAME.cdef; the sources and build files are in OUT_DIR/.aotc/NAME/")
@@ -47,6 +47,10 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("-c", "--config", help="feed/fetch config (tfcompile text format)")
     c.add_argument("--input-shape", action="append", type=_shape_arg, default=[], metavar="NAME=D1,D2",
                    help="pin the shape of an input with dynamic dimensions (repeatable)")
+    c.add_argument("--tag-set", help="SavedModel: the MetaGraph's tags, comma-separated (default: serve)")
+    c.add_argument("--signature", help="SavedModel: the signature to compile (default: serving_default)")
+    c.add_argument("--variables-to-feed", type=lambda t: [v for v in t.split(",") if v], metavar="A,B",
+                   help="SavedModel: variables that become inputs instead of constants ('all' for every one)")
     c.add_argument("--target-cpu", default="native", choices=TARGETS)
     c.add_argument("--depfile", help="write a Make-style depfile for the generated library (no path may "
                    "hold a line break)")
@@ -80,7 +84,7 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--trace", help="Chrome trace JSON to write (default: OUTDIR/NAME_trace.json)")
 
     i = sub.add_parser("inspect", help="list a model's ops, inputs, outputs and what is unsupported")
-    i.add_argument("model", help="ONNX model file, or TensorFlow frozen GraphDef (.pb, .pbtxt)")
+    i.add_argument("model", help="ONNX model file, TensorFlow frozen GraphDef (.pb, .pbtxt) or SavedModel directory")
     return p
 
 
@@ -129,7 +133,8 @@ def _cmd_compile(args: argparse.Namespace) -> None:
                             input_shapes=dict(args.input_shape), target_cpu=args.target_cpu,
                             dump_to=args.dump_to, depfile=args.depfile, log=log, profile=args.profile,
                             thread_pool=not args.no_thread_pool, gen_test=args.gen_test,
-                            gen_benchmark=args.gen_benchmark, cpp_class=args.cpp_class)
+                            gen_benchmark=args.gen_benchmark, tag_set=args.tag_set, signature=args.signature,
+                            variables_to_feed=args.variables_to_feed, cpp_class=args.cpp_class)
     finally:
         if status is not None:
             status.clear()
@@ -223,7 +228,7 @@ def _inspect_tensorflow(path: str) -> None:
     from aotc.frontends.tensorflow import summarize
 
     s = summarize(path)
-    print(f"model: {path} (TensorFlow GraphDef)")
+    print(f"model: {path} ({s.kind})")
     print("inputs:")
     for name, type_text in s.inputs:
         print(f"  {name!r}: {type_text}")

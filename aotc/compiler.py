@@ -19,7 +19,12 @@ from aotc.codegen.programs import benchmark_program, test_program
 from aotc.config import Config, load_config
 from aotc.errors import AotcError
 from aotc.frontends.onnx import import_onnx, load_model
-from aotc.frontends.tensorflow import import_graphdef, is_tensorflow_model
+from aotc.frontends.tensorflow import (
+    check_graph_options,
+    import_tensorflow,
+    is_tensorflow_model,
+    tensorflow_model_files,
+)
 from aotc.ir import dtypes
 from aotc.ir.graph import Graph
 from aotc.ops.dynamic import expose_counts
@@ -66,7 +71,8 @@ def compile_model(model: str | Path | onnx.ModelProto | Graph, out_dir: str | Pa
                   depfile: str | Path | None = None, extra_cflags: list[str] | None = None,
                   log: Callable[[str], None] | None = None, profile: bool = False,
                   thread_pool: bool = True, gen_test: bool = False, gen_benchmark: bool = False,
-                  test_tolerance: tuple[float, float] = (1e-3, 1e-4),
+                  test_tolerance: tuple[float, float] = (1e-3, 1e-4), tag_set: str | None = None,
+                  signature: str | None = None, variables_to_feed: list[str] | None = None,
                   cpp_class: str | None = None) -> CompileResult:
     """Compile ``model`` into ``out_dir``: NAME.h, libNAME.a, libNAME.so, NAME.json and NAME.cdef
     (built in ``out_dir/.aotc/NAME/``, delivered only when the build succeeded; see aotc.build).
@@ -77,6 +83,8 @@ def compile_model(model: str | Path | onnx.ModelProto | Graph, out_dir: str | Pa
     computed now by onnxruntime (or onnx.reference) within ``test_tolerance`` (rtol, atol);
     ``gen_benchmark`` adds NAME_benchmark, which prints latency percentiles. ``cpp_class``
     (``"ns::Name"``) adds NAME.hpp, a C++ class with the interface tfcompile generated (docs/tfcompile.md).
+    ``tag_set``, ``signature`` and ``variables_to_feed`` choose what of a TensorFlow SavedModel
+    directory is compiled (aotc.frontends.tensorflow.import_saved_model).
     """
     check_model_name(name)
     if cpp_class is not None:
@@ -88,7 +96,8 @@ def compile_model(model: str | Path | onnx.ModelProto | Graph, out_dir: str | Pa
         check_output_dir(Path(dump_to), "dump directory")
     model_path = Path(model) if isinstance(model, (str, Path)) else None
     if depfile:
-        deps = [model_path] if model_path else []
+        deps = ([] if model_path is None else tensorflow_model_files(model_path)
+                if is_tensorflow_model(model_path) else [model_path])
         if isinstance(config, (str, Path)):
             deps.append(Path(config))
         check_depfile(Path(depfile), [out, *deps])
@@ -105,8 +114,9 @@ def compile_model(model: str | Path | onnx.ModelProto | Graph, out_dir: str | Pa
         if cfg is not None:
             apply_config(graph, cfg)
     elif model_path is not None and is_tensorflow_model(model_path):
-        graph = import_graphdef(model_path, shapes, name, cfg)
+        graph = import_tensorflow(model_path, shapes, name, cfg, tag_set, signature, variables_to_feed)
     else:
+        check_graph_options(model_path or "the model", tag_set, signature, variables_to_feed)
         proto = model if isinstance(model, onnx.ModelProto) else load_model(model)
         graph = import_onnx(proto, shapes, name, cfg)
     if (gen_test or gen_benchmark) and any(dtypes.is_string(v.dtype) for v in graph.inputs):

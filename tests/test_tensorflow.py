@@ -1,6 +1,7 @@
-"""TensorFlow frontend: frozen GraphDefs built by TensorFlow (tests/tf_fixtures.py, cached) compile and
-match TensorFlow's outputs; errors name the node. TensorFlow is only needed to make the fixtures (the
-``test`` extra installs it); without it these tests fail with the install command, they do not skip."""
+"""TensorFlow frontend: frozen GraphDefs and SavedModels built by TensorFlow (tests/tf_fixtures.py,
+cached) compile and match TensorFlow's outputs; errors name the node. TensorFlow is only needed to
+make the fixtures (the ``test`` extra installs it); without it these tests fail with the install
+command, they do not skip."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from aotc.bindings import CompiledModel
 from aotc.compiler import compile_model
 from aotc.config import parse_config
 from aotc.errors import AotcError, UnsupportedOpsError
-from aotc.frontends.tensorflow import import_graphdef, is_tensorflow_model, summarize
+from aotc.frontends.tensorflow import import_graphdef, import_saved_model, is_tensorflow_model, summarize
 from aotc.ir.graph import Graph
 
 
@@ -30,52 +31,72 @@ def compile_graph(graph: Graph, out_dir: Path) -> CompiledModel:
     return aotc.load(compile_model(graph, out_dir, graph.name).prefix)
 
 
-def fixture(fx: Path, name: str) -> tuple[dict, list[np.ndarray], list[np.ndarray]]:
+Arrays = dict[str, np.ndarray]
+
+
+def fixture(fx: Path, name: str, saved_model: bool = False) -> tuple[dict, Arrays, Arrays]:
+    """The fixture's metadata, inputs and TensorFlow's outputs by name: the frozen graph's placeholder
+    and fetch names, or the SavedModel signature's keys."""
     meta = json.loads((fx / f"{name}.json").read_text())
     data = np.load(fx / f"{name}.npz")
     ins = [data[f"in_{i}"] for i in range(len(meta["inputs"]))]
-    return meta, ins, [data[f"out_{i}"] for i in range(len(meta["outputs"]))]
-
-
-def check_against_tf(fx: Path, name: str, tmp_path: Path, suffix: str = ".pb",
-                     shapes: dict | None = None) -> tuple[Graph, CompiledModel]:
-    meta, ins, expected = fixture(fx, name)
-    graph = import_graphdef(fx / f"{name}{suffix}", shapes, name, outputs=meta["outputs"])
+    if saved_model:
+        return meta, dict(zip(meta["signature_inputs"], ins, strict=True)), \
+            {k: data[f"sig_{k}"] for k in meta["signature_outputs"]}
     # A GraphDef does not keep the function's argument order: the inputs come in the graph's order.
-    feeds = dict(zip([n.removesuffix(":0") for n in meta["inputs"]], ins, strict=True))
+    return meta, dict(zip([n.removesuffix(":0") for n in meta["inputs"]], ins, strict=True)), \
+        {n.removesuffix(":0"): data[f"out_{i}"] for i, n in enumerate(meta["outputs"])}
+
+
+def check_against_tf(fx: Path, name: str, tmp_path: Path, source: str = ".pb", shapes: dict | None = None,
+                     tol: float = 1e-4, **options) -> tuple[Graph, CompiledModel, float]:
+    """Compile fixture ``name`` from its frozen graph (``source`` .pb or .pbtxt) or its SavedModel
+    (``source`` "saved_model") and compare with TensorFlow's outputs; the largest absolute error."""
+    saved = source == "saved_model"
+    meta, feeds, expected = fixture(fx, name, saved)
+    if saved:
+        graph = import_saved_model(fx / f"{name}_saved_model", shapes, name, **options)
+    else:
+        graph = import_graphdef(fx / f"{name}{source}", shapes, name, outputs=meta["outputs"])
     assert sorted(v.name for v in graph.inputs) == sorted(feeds)
+    assert [v.name for v in graph.outputs] == list(expected)
     model = compile_graph(graph, tmp_path)
     got = model.run(feeds)
-    assert len(got) == len(expected)
-    for out_name, g, e in zip(meta["outputs"], got, expected, strict=True):
+    worst = 0.0
+    for (out_name, e), g in zip(expected.items(), got, strict=True):
         assert g.shape == e.shape and g.dtype == e.dtype, (out_name, g.shape, g.dtype, e.shape, e.dtype)
         err = float(np.max(np.abs(g.astype(np.float64) - e))) if e.size else 0.0
-        print(f"{name} {out_name}: max abs error {err:.3g}", file=sys.stderr)
-        np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-4, err_msg=out_name)
-    return graph, model
+        worst = max(worst, err)
+        np.testing.assert_allclose(g, e, rtol=tol, atol=tol, err_msg=out_name)
+    print(f"{name} from {source}: max abs error {worst:.3g}", file=sys.stderr)
+    return graph, model, worst
 
 
-def test_keras_mlp(fx, tmp_path):
-    graph, _ = check_against_tf(fx, "mlp", tmp_path)
-    assert [v.name for v in graph.outputs] == ["Identity"]
+@pytest.mark.parametrize("source", [".pb", "saved_model"])
+def test_keras_mlp(fx, tmp_path, source):
+    graph, _, _ = check_against_tf(fx, "mlp", tmp_path, source)
+    assert [v.name for v in graph.outputs] == (["Identity"] if source == ".pb" else ["output_0"])
 
 
-def test_keras_cnn_from_pbtxt_with_the_batch_pinned(fx, tmp_path):
+@pytest.mark.parametrize("source", [".pbtxt", "saved_model"])
+def test_keras_cnn_with_the_batch_pinned(fx, tmp_path, source):
     # Conv2D (SAME, strided, dilated through SpaceToBatchND), BatchNormalization, Relu6, depthwise,
     # swish (its IdentityN), max/average pooling, global average pooling, Dense.
-    check_against_tf(fx, "cnn", tmp_path, ".pbtxt", {"image": (2, 12, 12, 3)})
+    check_against_tf(fx, "cnn", tmp_path, source, {"image": (2, 12, 12, 3)})
 
 
-def test_reduce_sum_of_x_plus_y_times_z_is_one_kernel(fx, tmp_path):
-    graph, model = check_against_tf(fx, "reduce_sum", tmp_path)
+@pytest.mark.parametrize("source", [".pb", "saved_model"])
+def test_reduce_sum_of_x_plus_y_times_z_is_one_kernel(fx, tmp_path, source):
+    graph, model, _ = check_against_tf(fx, "reduce_sum", tmp_path, source)
     assert len(graph.kernels) == 1
     assert graph.kernels[0].ops == ["Mul", "Add", "ReduceSum"]
     assert model.num_kernels == 1
 
 
+@pytest.mark.parametrize("source", [".pb", "saved_model"])
 @pytest.mark.parametrize("name", ["nn_ops", "math_ops", "shape_ops"])
-def test_ops_match_tensorflow(fx, tmp_path, name):
-    check_against_tf(fx, name, tmp_path)
+def test_ops_match_tensorflow(fx, tmp_path, name, source):
+    check_against_tf(fx, name, tmp_path, source)
 
 
 def test_binary_and_text_graphs_import_alike(fx):
@@ -106,8 +127,9 @@ def test_config_feeds_and_fetches(fx, tmp_path):
                        'fetch { id { node_name: "Identity" } name: "total" }\n')
     graph = import_graphdef(fx / "reduce_sum.pb", config=cfg, name="rs")
     assert [v.name for v in graph.inputs] == ["a", "b", "c"] and [v.name for v in graph.outputs] == ["total"]
-    _, ins, (expected,) = fixture(fx, "reduce_sum")
-    (got,) = compile_graph(graph, tmp_path).run(ins)
+    _, feeds, expected = fixture(fx, "reduce_sum")
+    (got,) = compile_graph(graph, tmp_path).run(list(feeds.values()))
+    (expected,) = expected.values()
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
 
     # Feeding an intermediate tensor cuts what is upstream of it: y and z are no longer inputs.

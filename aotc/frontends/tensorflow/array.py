@@ -79,9 +79,9 @@ def pack(ctx: Ctx) -> Value:
     return parts[0] if len(parts) == 1 else ctx.emit("Concat", parts, axis=axis)
 
 
-@tf_op("GatherV2", "Gather")
+@tf_op("GatherV2", "Gather", "ResourceGather")
 def gather(ctx: Ctx) -> Value:
-    params, indices = ctx.x(0), ctx.x(1)
+    params, indices = ctx.x(0), ctx.x(1)  # ResourceGather's params: the variable's value
     if int(ctx.attr("batch_dims", 0)) != 0:
         raise ctx.error(f"batch_dims={ctx.attr('batch_dims')} is not supported (only 0)")
     (axis,) = ctx.ints(2, "axis") if ctx.op_type == "GatherV2" else [0]

@@ -29,7 +29,8 @@ for _name in _SAME:
     tf_op(_name)(_same)
 
 
-@tf_op("Identity", "Snapshot", "StopGradient", "PreventGradient")
+# A variable's value is the variable (a constant, or an input when fed): reading it is the identity.
+@tf_op("Identity", "Snapshot", "StopGradient", "PreventGradient", "ReadVariableOp")
 def identity(ctx: Ctx) -> Value:
     return ctx.x(0)
 

@@ -12,6 +12,7 @@ Without fetches, the outputs are the tensors no node reads (a frozen Keras model
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,13 +32,15 @@ TensorKey = tuple[str, int]
 _TYPE_ATTRS = ("dtype", "out_type", "output_type", "DstT", "T")
 _BOOL_OPS = frozenset({"Equal", "NotEqual", "Greater", "GreaterEqual", "Less", "LessEqual", "IsNan", "IsInf",
                        "IsFinite", "LogicalAnd", "LogicalOr", "LogicalNot"})
+# Variables: a node whose output is the variable (a resource handle, or TF1's reference), read from
+# the checkpoint. Their readers (ReadVariableOp, ResourceGather) are in the op table.
+VARIABLE_OPS = frozenset({"VarHandleOp", "VariableV2", "Variable"})
+# Ops that update a variable: a fetch that depends on one (through control edges too) needs the
+# variable to be an in-place argument; one that nothing fetched depends on is dropped.
+UPDATE_OPS = frozenset({"AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp", "Assign", "AssignAdd",
+                        "AssignSub", "ResourceScatterUpdate", "ResourceScatterAdd", "ScatterUpdate"})
 # Ops handled here rather than by the table: they translate to nothing or to a graph input.
-FRONTEND_OPS = frozenset({"Placeholder", "NoOp"})
-
-
-def is_tensorflow_model(path: str | Path) -> bool:
-    """Whether ``path`` names a TensorFlow GraphDef (by its suffix, as ``.onnx`` names ONNX)."""
-    return Path(path).suffix in (".pb", ".pbtxt")
+FRONTEND_OPS = frozenset({"Placeholder", "NoOp", *VARIABLE_OPS})
 
 
 def tensor_key(name: str) -> TensorKey:
@@ -65,12 +68,6 @@ def import_graphdef(source: str | Path | Any, shapes: dict[str, tuple[int, ...]]
     feeds and fetches choose the inputs and outputs as tfcompile's do; ``outputs`` (tensor names) is a
     shorter way to give only fetches."""
     gd = load_graphdef(source)
-    nodes: dict[str, Any] = {}
-    for n in gd.node:
-        if n.name in nodes:
-            raise AotcError(f"two nodes are named {n.name!r}")
-        nodes[n.name] = n
-    shapes = dict(shapes or {})
     feeds = {(f.id.node_name, f.id.output_index): f for f in (config.feeds if config else [])}
     if config is not None and config.fetches:
         fetches = [((f.id.node_name, f.id.output_index), f.name) for f in config.fetches]
@@ -78,6 +75,24 @@ def import_graphdef(source: str | Path | Any, shapes: dict[str, tuple[int, ...]]
         fetches = [(tensor_key(o), "") for o in outputs]
     else:
         fetches = [(k, "") for k in default_outputs(gd)]
+    return translate(gd, shapes, name, feeds, fetches, constant_fetches=not (config is not None and config.fetches))
+
+
+def translate(gd: Any, shapes: dict[str, tuple[int, ...]] | None, name: str, feeds: dict[TensorKey, Any],
+              fetches: list[tuple[TensorKey, str]], constant_fetches: bool = True, unused_feeds: bool = False,
+              variables: Mapping[str, np.ndarray] | None = None) -> Graph:
+    """The Graph computing ``fetches`` (tensor, output name) from ``feeds`` (tensor -> Feed).
+
+    tfcompile's config rules make a constant fetch an error (unless ``constant_fetches``) and a feed no
+    fetch needs (unless ``unused_feeds``: a SavedModel's signature keeps such an input). ``variables``
+    holds the values of the variable nodes (VarHandleOp, VariableV2) by node name, read when a fetch
+    needs them."""
+    nodes: dict[str, Any] = {}
+    for n in gd.node:
+        if n.name in nodes:
+            raise AotcError(f"two nodes are named {n.name!r}")
+        nodes[n.name] = n
+    shapes = dict(shapes or {})
     for key, _ in fetches:
         if key[0] not in nodes:
             raise AotcError(f"fetch {tensor_name(key)!r}: no node of that name in the graph")
@@ -90,8 +105,9 @@ def import_graphdef(source: str | Path | Any, shapes: dict[str, tuple[int, ...]]
 
     order, used_feeds = _needed(nodes, [k for k, _ in fetches], feeds)
     for key in feeds:
-        if key not in used_feeds:
+        if key not in used_feeds and not unused_feeds:
             raise AotcError(f"feed {tensor_name(key)!r}: no fetch needs it")
+    _refuse_updates(nodes, [k for k, _ in fetches], feeds)
     missing: dict[str, list[str]] = {}
     for n in order:
         if n.op not in TF_OPS and n.op not in FRONTEND_OPS:
@@ -109,6 +125,12 @@ def import_graphdef(source: str | Path | Any, shapes: dict[str, tuple[int, ...]]
             continue
         if n.op == "Placeholder":
             env[(n.name, 0)] = _input(g, n, (n.name, 0), None, shapes)
+            continue
+        if n.op in VARIABLE_OPS:
+            if variables is None or n.name not in variables:
+                raise AotcError(f"{n.op} node {n.name!r} is a variable, and the graph holds no value for it: "
+                                "compile the SavedModel, freeze the graph, or feed the variable")
+            env[(n.name, 0)] = Graph.constant(variables[n.name], n.name)
             continue
         ins = []
         for k in _data_inputs(n):
@@ -135,7 +157,7 @@ def import_graphdef(source: str | Path | Any, shapes: dict[str, tuple[int, ...]]
             raise AotcError(f"fetch {tensor_name(key)!r}: {nodes[key[0]].op} node {key[0]!r} has no output "
                             f"{key[1]} that aotc computes")
         v = env[key]
-        if v.is_const and config is not None and config.fetches:
+        if v.is_const and not constant_fetches:
             raise AotcError(f"fetch {tensor_name(key)!r} is a constant: nothing to compute")
         out_name = fetch_name or tensor_name(key)
         if v.is_const or any(v is x for x in g.inputs) or any(v is x for x in g.outputs):
@@ -189,6 +211,29 @@ def _needed(nodes: dict[str, Any], fetches: list[TensorKey],
     return order, used
 
 
+def _refuse_updates(nodes: dict[str, Any], fetches: list[TensorKey], feeds: dict[TensorKey, Any]) -> None:
+    """Refuse a variable update that a fetch depends on, through data or control edges (a function's
+    stateful ops are its call's control inputs, see inline.py): compiled as a constant, the variable
+    would silently keep its old value."""
+    seen: set[str] = set()
+    stack = [k[0] for k in fetches if k not in feeds]
+    while stack:
+        name = stack.pop()
+        if name in seen or name not in nodes:
+            continue
+        seen.add(name)
+        n = nodes[name]
+        if n.op in UPDATE_OPS:
+            target = n.input[0] if n.input else "?"
+            raise AotcError(f"{n.op} node {name!r} updates variable {target!r}, which the fetches depend on: "
+                            "variables updated in place are not supported yet")
+        for i in n.input:
+            if i.startswith("^"):
+                stack.append(i[1:])
+            elif tensor_key(i) not in feeds:
+                stack.append(tensor_key(i)[0])
+
+
 def _input(g: Graph, node: Any, key: TensorKey, feed: Any, shapes: dict[str, tuple[int, ...]]) -> Value:
     """A graph input for a placeholder or fed tensor: its type from the config or the node, its shape
     from ``shapes``, the config or the node, each checked against the others."""
@@ -206,7 +251,7 @@ def _input(g: Graph, node: Any, key: TensorKey, feed: Any, shapes: dict[str, tup
     dt = dt if dt is not None else node_dt
     if dt is None:
         raise AotcError(f"feed {label!r}: cannot tell its element type; give 'type' in the config")
-    dims = attr.get("shape") if node.op == "Placeholder" else None
+    dims = attr.get("shape") if node.op == "Placeholder" or node.op in VARIABLE_OPS else None
     given = [tuple(s) for s in (shapes.get(node.name), feed.shape if feed is not None else None) if s is not None]
     for s in given:
         if dims is not None and (len(s) != len(dims) or any(d is not None and d != x for d, x in
