@@ -105,11 +105,14 @@ def _empty_required_input() -> onnx.ModelProto:
     return make([helper.make_node("Add", ["x", ""], ["y"], name="a")], [vi("x", [2])], [vi("y", [2])])
 
 
-def _relu_header(no_opset: bool = False, ir_version: int = 9) -> onnx.ModelProto:
-    """A Relu model with an empty opset_import or the given IR version."""
+def _relu_header(no_opset: bool = False, ir_version: int = 9, also: int | None = None) -> onnx.ModelProto:
+    """A Relu model with an empty opset_import, the given IR version, or an "ai.onnx" opset ``also``
+    beside its default-domain opset 17."""
     model = _relu()
     if no_opset:
         del model.opset_import[:]
+    if also is not None:
+        model.opset_import.append(helper.make_opsetid("ai.onnx", also))
     model.ir_version = ir_version
     return model
 
@@ -156,6 +159,7 @@ SCHEMA_CASES = {
     "opset_99": (_relu(opset=99), "opset 99 of domain 'ai.onnx' is not defined"),
     "no_opset_import": (_relu_header(no_opset=True), "the model imports no opset"),
     "ir_version_99": (_relu_header(ir_version=99), "IR version 99 is not defined (onnx"),
+    "two_default_opsets": (_relu_header(also=18), "opset_import gives domain 'ai.onnx' two versions"),
     "op_newer_than_opset": (
         make([helper.make_node("Gelu", ["x"], ["y"], name="g")], [vi("x", [2])], [vi("y", [2])], opset=17),
         "Gelu node 'g': Gelu is not defined in opset 17 of domain 'ai.onnx' (it was added in opset 20)"),

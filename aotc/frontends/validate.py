@@ -110,8 +110,8 @@ def model_opsets(model: onnx.ModelProto) -> dict[str, int]:
     opsets: dict[str, int] = {}
     for imp in model.opset_import:
         domain = "" if imp.domain in DEFAULT_DOMAINS else imp.domain
-        if domain in opsets:
-            raise AotcError(f"opset_import lists domain {imp.domain!r} twice")
+        if opsets.get(domain, imp.version) != imp.version:  # "" and "ai.onnx" may both be listed, alike
+            raise AotcError(f"opset_import gives domain {imp.domain or 'ai.onnx'!r} two versions")
         known = _KNOWN_OPSETS.get(domain)
         if known is not None and not known[0] <= imp.version <= known[1]:
             raise AotcError(f"opset {imp.version} of domain {imp.domain or 'ai.onnx'!r} is not defined "
