@@ -6,11 +6,13 @@ under AddressSanitizer and UBSan."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -381,23 +383,95 @@ endif()
 """
 
 
-def test_example_cmake(tmp_path: Path, cxx: str) -> None:
-    """cmake/aotc.cmake's aotc_add_model takes the .pb, its config and CPP_CLASS, as tf_library did."""
+def cmake_build(src: Path, build: Path, cxx: str) -> str:
+    """Configure and build ``src`` in ``build``; the build's output."""
     if shutil.which("cmake") is None:
         pytest.skip("cmake not on PATH")
+    exe = Path(sys.executable).with_name("aotc")
+    aotc = str(exe) if exe.is_file() else f"{sys.executable};-m;aotc"
+    gen = ["-G", "Ninja"] if shutil.which("ninja") else []
+    for cmd in (["cmake", "-S", str(src), "-B", str(build), *gen, f"-DAOTC_EXECUTABLE={aotc}",
+                 f"-DCMAKE_CXX_COMPILER={shutil.which(cxx)}", "-DCMAKE_CXX_FLAGS=" + " ".join(CXXFLAGS)],
+                ["cmake", "--build", str(build)]):
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def test_example_cmake(tmp_path: Path, cxx: str) -> None:
+    """cmake/aotc.cmake's aotc_add_model takes the .pb, its config and CPP_CLASS, as tf_library did."""
     src = tmp_path / "src"
     src.mkdir()
     for f in ("mlp.pb", "mlp.config.pbtxt", "main.cc"):
         shutil.copy2(EXAMPLE / f, src / f)
     (src / "CMakeLists.txt").write_text(CMAKELISTS.format(module=REPO / "cmake" / "aotc.cmake"))
-    exe = Path(sys.executable).with_name("aotc")
-    aotc = str(exe) if exe.is_file() else f"{sys.executable};-m;aotc"
-    gen = ["-G", "Ninja"] if shutil.which("ninja") else []
-    for cmd in (["cmake", "-S", str(src), "-B", str(tmp_path / "b"), *gen, f"-DAOTC_EXECUTABLE={aotc}",
-                 f"-DCMAKE_CXX_COMPILER={shutil.which(cxx)}", "-DCMAKE_CXX_FLAGS=" + " ".join(CXXFLAGS)],
-                ["cmake", "--build", str(tmp_path / "b")]):
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
+    cmake_build(src, tmp_path / "b", cxx)
     run = subprocess.run([str(tmp_path / "b" / "app")], capture_output=True, text=True, timeout=TIMEOUT)
     assert run.returncode == 0, run.stderr
     check_example_output(run.stdout)
+
+
+SAVED_MODEL_CMAKELISTS = """
+cmake_minimum_required(VERSION 3.16)
+project(saved_model_cpp LANGUAGES CXX)
+include("{module}")
+aotc_add_model(mlp MODEL "{model}" CPP_CLASS sm::Mlp SIGNATURE serving_default TAG_SET serve)
+add_executable(app main.cc)
+target_link_libraries(app PRIVATE mlp)
+"""
+
+# Runs the signature by its keys: argv = input.bin, input key, output key, output.bin.
+SAVED_MODEL_PROGRAM = r"""
+#include <cstdio>
+#include "mlp.hpp"
+int main(int argc, char **argv) {
+  if (argc != 5) return 2;
+  sm::Mlp mlp;
+  const int a = mlp.LookupArgIndex(argv[2]), r = mlp.LookupResultIndex(argv[3]);
+  if (sm::Mlp::kNumArgs != 1 || a != 0 || r < 0) return 3;
+  const std::size_t in_bytes = static_cast<std::size_t>(sm::Mlp::ArgSize(a));
+  const std::size_t out_bytes = static_cast<std::size_t>(sm::Mlp::ResultSize(r));
+  std::FILE *f = std::fopen(argv[1], "rb");
+  if (f == nullptr || std::fread(mlp.arg_data(a), 1, in_bytes, f) != in_bytes) return 4;
+  std::fclose(f);
+  if (!mlp.Run()) {
+    std::fprintf(stderr, "%s\n", mlp.error_msg().c_str());
+    return 5;
+  }
+  f = std::fopen(argv[4], "wb");
+  if (f == nullptr || std::fwrite(mlp.result_data(r), 1, out_bytes, f) != out_bytes) return 6;
+  return std::fclose(f) == 0 ? 0 : 7;
+}
+"""
+
+
+def test_saved_model_cmake(tmp_path: Path, cxx: str) -> None:
+    """What saved_model_cli aot_compile_cpu did: a Keras SavedModel directory (from tests/tf_fixtures.py)
+    through aotc_add_model with SIGNATURE, TAG_SET and CPP_CLASS; the class, looked up by the
+    signature's keys, gives TensorFlow's outputs; a changed checkpoint recompiles the model."""
+    from tf_fixtures import fixtures_dir
+
+    fx = fixtures_dir()
+    meta = json.loads((fx / "mlp.json").read_text())
+    data = np.load(fx / "mlp.npz")
+    (key_in,), (key_out,) = meta["signature_inputs"], meta["signature_outputs"]
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "main.cc").write_text(SAVED_MODEL_PROGRAM)
+    shutil.copytree(fx / "mlp_saved_model", src / "saved")
+    (src / "CMakeLists.txt").write_text(SAVED_MODEL_CMAKELISTS.format(module=REPO / "cmake" / "aotc.cmake",
+                                                                      model="saved"))
+    assert "aotc: compiling" in cmake_build(src, tmp_path / "b", cxx)
+    assert "aotc: compiling" not in cmake_build(src, tmp_path / "b", cxx)
+    data_file = next((src / "saved" / "variables").glob("variables.data-*"))
+    later = time.time() + 10  # the copy kept the fixture's old times
+    os.utime(data_file, (later, later))
+    assert "aotc: compiling" in cmake_build(src, tmp_path / "b", cxx)
+    x = data["in_0"]
+    x.astype(np.float32).tofile(tmp_path / "x.bin")
+    run = subprocess.run([str(tmp_path / "b" / "app"), str(tmp_path / "x.bin"), key_in, key_out,
+                          str(tmp_path / "y.bin")], capture_output=True, text=True, timeout=TIMEOUT)
+    assert run.returncode == 0, run.stderr
+    expected = data[f"sig_{key_out}"]
+    got = np.fromfile(tmp_path / "y.bin", np.float32).reshape(expected.shape)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
