@@ -241,3 +241,46 @@ def test_command_line_compiles_and_inspects_a_graphdef(fx, tmp_path):
     assert proc.returncode == 0, proc.stderr
     test = subprocess.run([str(tmp_path / "cnn_test")], capture_output=True, text=True)
     assert test.returncode == 0 and "PASSED" in test.stdout, test.stdout + test.stderr
+
+
+@pytest.mark.parametrize("source", [".pb", "saved_model"])
+def test_more_ops_match_tensorflow(fx, tmp_path, source):
+    # Conv2DBackpropInput (SAME, VALID, stride 1), Unpack, MirrorPad (REFLECT, SYMMETRIC), Einsum
+    # (batched, transposed, contracted, with an ellipsis), TopKV2, OneHot (negative and too large
+    # indices), Cumsum (exclusive, reverse), ResizeBilinear/ResizeNearestNeighbor (align_corners,
+    # half_pixel_centers, legacy; up and down), gelu exact (Erfc) and approximate.
+    check_against_tf(fx, "more_ops", tmp_path, source)
+
+
+def structure(graph: Graph) -> list:
+    """The graph without its names: each node's op, attributes, output types, and inputs as graph
+    inputs, earlier nodes' outputs or constants (by a digest of their bytes)."""
+    import hashlib
+
+    where = {id(v): f"input {i}" for i, v in enumerate(graph.inputs)}
+    rows = []
+    for k, n in enumerate(graph.nodes):
+        args = [None if v is None else (v.dtype.str, v.shape, hashlib.sha256(v.const.tobytes()).hexdigest())
+                if v.is_const else where[id(v)] for v in n.inputs]
+        where.update({id(o): f"node {k}:{j}" for j, o in enumerate(n.outputs)})
+        rows.append((n.op, repr(sorted(n.attrs.items())), args, [(o.shape, o.dtype.str) for o in n.outputs]))
+    return [rows, [where[id(v)] for v in graph.outputs]]
+
+
+# Largest absolute errors seen (x86-64, AVX-512; outputs up to 1, 1.2, 3.3 and 21): bert 2.5e-7,
+# mobilenet_v2 2.7e-5, resnet50 5.2e-4, efficientnet_b0 1.7e-4. TensorFlow's own two CPU paths
+# (oneDNN and Eigen) differ by 1.8e-5, 1.8e-4 and 2.2e-4 on the last three: the deep networks get
+# a tolerance of that order.
+@pytest.mark.parametrize(("name", "tol"), [("bert", 1e-4), ("mobilenet_v2", 1e-4), ("resnet50", 1e-3),
+                                           ("efficientnet_b0", 5e-4)])
+def test_keras_models_match_tensorflow(fx, tmp_path, name, tol):
+    # bert: Embedding, MultiHeadAttention (Einsum as MatMul), Dense with exact and tanh gelu,
+    # LayerNormalization. The keras.applications models have random weights and BatchNorm statistics
+    # taken from a random batch, so that 50 layers neither vanish nor explode.
+    if name == "bert":
+        check_against_tf(fx, name, tmp_path / "pb", tol=tol)
+    else:  # the frozen graph imports to the same IR as the SavedModel, constants included: one compile
+        meta, _, _ = fixture(fx, name)
+        frozen = import_graphdef(fx / f"{name}.pb", name=name, outputs=meta["outputs"])
+        assert structure(frozen) == structure(import_saved_model(fx / f"{name}_saved_model", name=name))
+    check_against_tf(fx, name, tmp_path, "saved_model", tol=tol)

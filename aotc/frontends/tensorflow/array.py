@@ -236,3 +236,62 @@ def batch_to_space(ctx: Ctx) -> Value:
         return y
     ends = [s * b - e for s, b, e in zip(spatial, block, c[:, 1], strict=True)]
     return ctx.emit("Slice", [y, _i64(ctx, list(c[:, 0])), _i64(ctx, ends), _i64(ctx, list(range(1, m + 1)))])
+
+
+@tf_op("Unpack")
+def unpack(ctx: Ctx) -> list[Value]:
+    x = ctx.x(0)
+    axis = ctx.axis(int(ctx.attr("axis", 0)), len(x.shape))
+    num = int(ctx.attr("num", x.shape[axis]))
+    if num != x.shape[axis]:
+        raise ctx.error(f"num={num} but dimension {axis} has size {x.shape[axis]}")
+    return [ctx.emit("Gather", [x, ctx.const(np.array(i, np.int64))], axis=axis) for i in range(num)]
+
+
+@tf_op("MirrorPad")
+def mirror_pad(ctx: Ctx) -> Value:
+    """REFLECT is ONNX's reflect; SYMMETRIC (the edge repeated) has no ONNX mode: each padded side is
+    a reversed slice, concatenated."""
+    x = ctx.x(0)
+    p = ctx.const_input(1, "paddings").astype(np.int64)
+    mode = ctx.attr("mode")
+    edge = {"REFLECT": 1, "SYMMETRIC": 0}.get(mode)
+    if edge is None:
+        raise ctx.error(f"mode {mode!r} is not supported (REFLECT or SYMMETRIC)")
+    if p.shape != (len(x.shape), 2) or (p < 0).any() or any(
+            max(b, a) > n - edge for (b, a), n in zip(p.tolist(), x.shape, strict=True)):
+        raise ctx.error(f"paddings {p.tolist()} must be ({len(x.shape)}, 2) values from 0 to each dimension's size"
+                        f"{' - 1' if edge else ''} for an input of shape {list(x.shape)}")
+    if edge:
+        return ctx.emit("Pad", [x, _i64(ctx, [*p[:, 0], *p[:, 1]])], mode="reflect")
+    y = x
+    for d, (before, after) in enumerate(p.tolist()):
+        n = y.shape[d]
+        parts = []
+        if before:  # x[before-1::-1] along d
+            parts.append(ctx.emit("Slice", [y, _i64(ctx, [before - 1]), _i64(ctx, [-n - 1]), _i64(ctx, [d]),
+                                            _i64(ctx, [-1])]))
+        parts.append(y)
+        if after:  # x[n-1:n-1-after:-1] along d
+            parts.append(ctx.emit("Slice", [y, _i64(ctx, [n - 1]), _i64(ctx, [n - 1 - after]), _i64(ctx, [d]),
+                                            _i64(ctx, [-1])]))
+        if len(parts) > 1:
+            y = ctx.emit("Concat", parts, axis=d)
+    return y
+
+
+@tf_op("OneHot")
+def one_hot(ctx: Ctx) -> Value:
+    indices, on, off = ctx.x(0), ctx.x(2), ctx.x(3)
+    (depth,) = ctx.ints(1, "depth")
+    if depth < 0 or on.shape != () or off.shape != ():
+        raise ctx.error(f"depth {depth} must be >= 0 and on_value, off_value scalars")
+    axis = int(ctx.attr("axis", -1))
+    if not -1 <= axis <= len(indices.shape):
+        raise ctx.error(f"axis {axis} is out of range for indices of rank {len(indices.shape)}")
+    # TF turns any index outside [0, depth) into a row of off_value; ONNX counts negative ones from the end.
+    if np.dtype(indices.dtype).kind == "i":
+        indices = ctx.emit("Where", [ctx.emit("Less", [indices, ctx.const(0, indices.dtype)]),
+                                     ctx.const(depth, indices.dtype), indices])
+    values = ctx.emit("Concat", [ctx.reshape(off, [1]), ctx.reshape(on, [1])], axis=0)
+    return ctx.emit("OneHot", [indices, _i64(ctx, [depth]), values], axis=axis)

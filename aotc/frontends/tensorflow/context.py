@@ -69,26 +69,31 @@ class Ctx:
     def emit(self, op: str, inputs: list[Value | None], **attrs: Any) -> Value:
         """Add IR node ``op`` (an ONNX op with ONNX attributes) and return its first output, typed, or
         folded to a constant."""
-        node = self.graph.add_node(op, inputs, 1, attrs, self.name,
-                                   out_names=[f"{self.name}#{len(self.created)}"])
-        out = node.outputs[0]
-        self.created.append(out)
+        return self.emit_n(op, inputs, 1, **attrs)[0]
+
+    def emit_n(self, op: str, inputs: list[Value | None], n: int, **attrs: Any) -> list[Value]:
+        """``emit`` for an op with ``n`` outputs: all of them."""
+        node = self.graph.add_node(op, inputs, n, attrs, self.name,
+                                   out_names=[f"{self.name}#{len(self.created) + i}" for i in range(n)])
+        self.created.extend(node.outputs)
         try:
-            ((shape, dt), *_) = OPS[op].infer(node)
+            types = OPS[op].infer(node)
         except AotcError:
             raise
         except Exception as e:  # a shape or attribute TF allowed but the IR op does not
             raise self.error(f"{op}: {type(e).__name__}: {e}") from None
-        out.shape, out.dtype = tuple(int(d) for d in shape), np.dtype(dt)
+        for out, (shape, dt) in zip(node.outputs, types, strict=False):
+            out.shape, out.dtype = tuple(int(d) for d in shape), np.dtype(dt)
         ins = [v for v in inputs if v is not None]
-        if all(v.is_const for v in ins) and out.size <= _FOLD_ELEMENTS:
+        if all(v.is_const for v in ins) and sum(out.size for out in node.outputs) <= _FOLD_ELEMENTS:
             try:
-                (result, *_) = evaluate(node, [None if v is None else v.const for v in inputs], OPSET)
+                results = evaluate(node, [None if v is None else v.const for v in inputs], OPSET)
             except Exception:  # the propagate pass folds it later, or reports it with the node named
-                return out
-            out.const, out.producer = np.asarray(result).astype(out.dtype, copy=False).reshape(out.shape), None
+                return list(node.outputs)
+            for out, result in zip(node.outputs, results, strict=False):
+                out.const, out.producer = np.asarray(result).astype(out.dtype, copy=False).reshape(out.shape), None
             self.graph.nodes.remove(node)
-        return out
+        return list(node.outputs)
 
     # -- helpers shared by several translations ----------------------------------------------------
     def transpose(self, v: Value, perm: list[int]) -> Value:

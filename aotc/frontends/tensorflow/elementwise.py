@@ -122,3 +122,11 @@ def bias_add(ctx: Ctx) -> Value:
     if ctx.attr("data_format", "NHWC").startswith("NC") and len(x.shape) > 2:
         b = ctx.reshape(b, [b.shape[0], *[1] * (len(x.shape) - 2)])
     return ctx.emit("Add", [x, b])
+
+
+@tf_op("Erfc")
+def erfc(ctx: Ctx) -> Value:
+    # Keras' exact gelu is 0.5 * x * erfc(-x / sqrt(2)); 1 - erf loses only digits erfc has below
+    # float32's epsilon of 1.
+    x = ctx.x(0)
+    return ctx.emit("Sub", [ctx.const(1, x.dtype), ctx.emit("Erf", [x])])

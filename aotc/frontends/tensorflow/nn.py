@@ -179,3 +179,141 @@ def arg_max(ctx: Ctx) -> Value:
     y = ctx.emit(ctx.op_type, [x], axis=ctx.axis(axis, len(x.shape)), keepdims=0)
     out = to_numpy(ctx.attr("output_type", 9), f"{ctx.op_type} node {ctx.name!r}: attribute output_type")
     return y if out == np.int64 else ctx.emit("Cast", [y], to=dtypes.onnx_type(out))
+
+
+@tf_op("Conv2DBackpropInput")
+def conv2d_transpose(ctx: Ctx) -> Value:
+    """The gradient of a Conv2D with respect to its input (Keras' Conv2DTranspose): ONNX's
+    ConvTranspose with the forward convolution's pads, and output_padding for what they do not
+    reach of ``input_sizes``."""
+    sizes = ctx.ints(0, "input_sizes")
+    w, dy = ctx.x(1), ctx.x(2)  # w: [kh, kw, in (of the forward conv: our output), out (our input)]
+    nhwc = _channels_last(ctx)
+    if len(sizes) != 4 or len(w.shape) != 4 or len(dy.shape) != 4:
+        raise ctx.error(f"input_sizes {sizes}, filter rank {len(w.shape)} and input rank {len(dy.shape)}: expected "
+                        "4 entries and ranks 4")
+    channels = (sizes[3], dy.shape[3]) if nhwc else (sizes[1], dy.shape[1])
+    if (w.shape[2], w.shape[3]) != channels:
+        raise ctx.error(f"filter of shape {list(w.shape)} for {channels[1]} input and {channels[0]} output channels")
+    strides, dilations = _spatial(ctx, "strides", nhwc), _spatial(ctx, "dilations", nhwc, [1, 1, 1, 1])
+    size = list(sizes[1:3] if nhwc else sizes[2:4])
+    kernel = list(w.shape[:2])
+    pads = _pads(ctx, nhwc, size, kernel, strides, dilations)
+    extra = []
+    for i in range(2):
+        n = (dy.shape[1:3] if nhwc else dy.shape[2:4])[i]
+        full = strides[i] * (n - 1) + (kernel[i] - 1) * dilations[i] + 1 - pads[i] - pads[i + 2]
+        extra.append(size[i] - full)
+        if not 0 <= extra[i] < max(strides[i], dilations[i]):
+            raise ctx.error(f"input_sizes {sizes} do not fit an input of shape {list(dy.shape)} with strides "
+                            f"{strides} and padding {ctx.attr('padding')}")
+    return _nchw_op(ctx, dy, nhwc, "ConvTranspose", [ctx.transpose(w, [3, 2, 0, 1])], strides=strides,
+                    dilations=dilations, pads=pads, output_padding=extra, kernel_shape=kernel, group=1)
+
+
+@tf_op("Einsum")
+def einsum(ctx: Ctx) -> Value:
+    """A one- or two-operand einsum without repeated or broadcast letters (all of Keras' EinsumDense
+    and MultiHeadAttention) as Transpose, ReduceSum, Reshape and one MatMul, which the GEMM kernels
+    run; any other as ONNX's Einsum, a plain loop nest."""
+    eq = str(ctx.attr("equation")).replace(" ", "")
+    xs = [ctx.x(i) for i in range(len(ctx.inputs))]
+    terms = _einsum_terms(eq, xs)
+    if terms is None:
+        return ctx.emit("Einsum", xs, equation=eq)
+    ins, out = terms
+    size = {c: d for t, x in zip(ins, xs, strict=True) for c, d in zip(t, x.shape, strict=True)}
+
+    def prepare(x: Value, t: str, other: str) -> tuple[Value, str]:
+        """Sum the letters nobody else has, then order as batch, own, contracted."""
+        alone = [i for i, c in enumerate(t) if c not in out and c not in other]
+        if alone:
+            x = ctx.emit("ReduceSum", [x, ctx.const(np.array(alone, np.int64))], keepdims=0)
+        return x, "".join(c for c in t if c in out or c in other)
+
+    if len(xs) == 1:
+        x, t = prepare(xs[0], ins[0], "")
+        return ctx.transpose(x, [t.index(c) for c in out])
+    (a, ta), (b, tb) = prepare(xs[0], ins[0], ins[1]), prepare(xs[1], ins[1], ins[0])
+    batch = [c for c in out if c in ta and c in tb]
+    left = [c for c in out if c in ta and c not in tb]
+    right = [c for c in out if c in tb and c not in ta]
+    inner = [c for c in ta if c in tb and c not in out]
+    n = {k: int(np.prod([size[c] for c in v], dtype=np.int64)) for k, v in
+         (("b", batch), ("l", left), ("r", right), ("k", inner))}
+    lead = [n["b"]] if batch else []
+    a = ctx.reshape(ctx.transpose(a, [ta.index(c) for c in batch + left + inner]), lead + [n["l"], n["k"]])
+    b = ctx.reshape(ctx.transpose(b, [tb.index(c) for c in batch + inner + right]), lead + [n["k"], n["r"]])
+    y = ctx.reshape(ctx.emit("MatMul", [a, b]), [size[c] for c in batch + left + right])
+    got = batch + left + right
+    return ctx.transpose(y, [got.index(c) for c in out])
+
+
+def _einsum_terms(eq: str, xs: list[Value]) -> tuple[list[str], str] | None:
+    """The input terms and output term of ``eq`` with the ellipsis spelled out as letters, or None
+    where the MatMul form does not apply."""
+    lhs, arrow, out = eq.partition("->")
+    ins = lhs.split(",")
+    if not arrow or len(ins) != len(xs) or len(xs) > 2:
+        return None
+    spare = iter(c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz" if c not in eq)
+    ell_rank = max((len(x.shape) - len(t) + 3 for t, x in zip(ins, xs, strict=True) if "..." in t), default=0)
+    ell = "".join(next(spare) for _ in range(ell_rank))
+    spelled = []
+    for t, x in zip(ins, xs, strict=True):
+        if "..." in t:
+            t = t.replace("...", ell[ell_rank - (len(x.shape) - len(t) + 3):])
+        if len(t) != len(x.shape) or len(set(t)) != len(t):
+            return None
+        spelled.append(t)
+    out = out.replace("...", ell)
+    sizes: dict[str, int] = {}
+    for t, x in zip(spelled, xs, strict=True):
+        for c, d in zip(t, x.shape, strict=True):
+            if sizes.setdefault(c, d) != d:
+                return None  # broadcast letters: left to the Einsum loop
+    if len(set(out)) != len(out) or any(c not in sizes for c in out):
+        return None
+    return spelled, out
+
+
+@tf_op("TopKV2", "TopK")
+def top_k(ctx: Ctx) -> list[Value]:
+    x = ctx.x(0)
+    (k,) = ctx.ints(1, "k") if ctx.op_type == "TopKV2" else [int(ctx.attr("k"))]
+    if not x.shape or not 0 <= k <= x.shape[-1]:
+        raise ctx.error(f"k={k} is out of range for an input of shape {list(x.shape)}")
+    # Sorted whether or not TF's sorted asks for it: any order is TF's contract then.
+    values, indices = ctx.emit_n("TopK", [x, ctx.const(np.array([k], np.int64))], 2, axis=-1, largest=1, sorted=1)
+    out = to_numpy(ctx.attr("index_type", 3), f"{ctx.op_type} node {ctx.name!r}: attribute index_type")
+    return [values, indices if out == np.int64 else ctx.emit("Cast", [indices], to=dtypes.onnx_type(out))]
+
+
+@tf_op("Cumsum")
+def cumsum(ctx: Ctx) -> Value:
+    x = ctx.x(0)
+    (axis,) = ctx.ints(1, "axis")
+    return ctx.emit("CumSum", [x, ctx.const(np.array(ctx.axis(axis, len(x.shape)), np.int64))],
+                    exclusive=int(bool(ctx.attr("exclusive", False))), reverse=int(bool(ctx.attr("reverse", False))))
+
+
+@tf_op("ResizeBilinear", "ResizeNearestNeighbor")
+def resize(ctx: Ctx) -> Value:
+    """NHWC images resized along H and W by ONNX's Resize, whose coordinate modes cover TF's three:
+    align_corners, half_pixel_centers (nearest: rounding half up of (i + 0.5) * scale - 0.5, which
+    is TF's floor((i + 0.5) * scale)) and neither (legacy: i * scale, nearest rounding down)."""
+    x = ctx.x(0)
+    size = ctx.ints(1, "size")
+    if len(x.shape) != 4 or len(size) != 2 or min(size) < 1:
+        raise ctx.error(f"size {size} for images of shape {list(x.shape)}: expected 4-D images and 2 sizes >= 1")
+    corners, half = bool(ctx.attr("align_corners", False)), bool(ctx.attr("half_pixel_centers", False))
+    if corners and half:
+        raise ctx.error("align_corners and half_pixel_centers cannot both be true")
+    mode = "align_corners" if corners else "half_pixel" if half else "asymmetric"
+    nearest = ctx.op_type == "ResizeNearestNeighbor"
+    if not nearest and x.dtype != np.float32:  # TF's bilinear output is float32 whatever the input
+        x = ctx.emit("Cast", [x], to=dtypes.onnx_type(np.dtype(np.float32)))
+    sizes = ctx.const(np.array([x.shape[0], *size, x.shape[3]], np.int64))
+    extra = {"nearest_mode": "floor" if mode == "asymmetric" else "round_prefer_ceil"} if nearest else {}
+    return ctx.emit("Resize", [x, None, None, sizes], mode="nearest" if nearest else "linear",
+                    coordinate_transformation_mode=mode, **extra)
