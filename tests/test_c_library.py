@@ -210,3 +210,17 @@ def test_generic_target_and_scalar_model(tmp_path):
     assert float(m.run({"a": np.float32(2), "b": np.float32(8)})[0]) == 4.0
     feeds = random_feeds(m)
     assert m(**feeds)[0].shape == ()
+
+
+def test_bool_header_compiles_as_c_and_cpp(tmp_path):
+    from onnx import TensorProto
+
+    model = make([helper.make_node("Not", ["x"], ["y"])],
+                 [vi("x", [4], TensorProto.BOOL)], [vi("y", [4], TensorProto.BOOL)])
+    compile_model(model, tmp_path, "m")
+    src = tmp_path / "use.c"
+    src.write_text('#include "m.h"\nint f(const bool *x, bool *y, void *ws) { return m_run(x, y, ws); }\n')
+    for compiler, lang in (("cc", "c"), ("g++", "c++")):
+        proc = subprocess.run([compiler, "-x", lang, "-fsyntax-only", "-Wall", "-Werror", "-I", str(tmp_path),
+                               str(src)], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr

@@ -19,6 +19,7 @@ from aotc.ir.graph import Graph, Value
 from aotc.passes.fuse import storage_root
 from aotc.passes.memory import MAX_TASKS
 from aotc.resources import runtime_dir, templates_dir
+from aotc.target import Target
 
 API = '__attribute__((visibility("default"))) '
 KERNELS_PER_FILE = 24
@@ -58,6 +59,11 @@ class TensorInfo:
     @property
     def size(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def api_ctype(self) -> str:
+        """The type the header declares: ``bool`` (from stdbool.h) reads as _Bool in C and as bool in C++."""
+        return "bool" if self.ctype == "_Bool" else self.ctype
 
     @property
     def comment_name(self) -> str:
@@ -116,11 +122,12 @@ class _Blob:
 
 
 def generate(graph: Graph, name: str, input_names: list[str], output_names: list[str],
-             source: str, profile: bool = False, pool: bool = True,
+             source: str, *, target: Target, profile: bool = False, pool: bool = True,
              bounded: dict[int, tuple[int, int]] | None = None) -> Library:
-    """``profile`` adds NAME_run_profiled (per-kernel timestamps); ``pool`` adds the pthread pool.
-    ``bounded``: output position -> (data-dependent axis, position of its count output), from
-    ``aotc.ops.dynamic.expose_counts``."""
+    """The library's files for ``graph`` (planned for ``target`` by the passes), its kernels written for
+    ``target``'s ISA. ``profile`` adds NAME_run_profiled (per-kernel timestamps); ``pool`` adds the
+    pthread pool. ``bounded``: output position -> (data-dependent axis, position of its count output),
+    from ``aotc.ops.dynamic.expose_counts``."""
     lib = Library(name)
     mangle = Mangler(name)
     mangle.used.update({"workspace", "inputs", "outputs", "in", "out", "ws", "i"})
@@ -153,7 +160,7 @@ def generate(graph: Graph, name: str, input_names: list[str], output_names: list
 
     calls = []
     for k in graph.kernels:
-        src = emit_kernel(k, f"{name}_{k.name}", graph.isa)
+        src = emit_kernel(k, f"{name}_{k.name}", target)
         lib.kernels.append(src)
         args = [pointer(v) for v, _ in src.args]
         if k.index in plan.partials:
@@ -173,7 +180,8 @@ def generate(graph: Graph, name: str, input_names: list[str], output_names: list
               "workspace_bytes": lib.workspace_bytes, "statuses": RUN_ERRORS}
     files: dict[str, str | bytes] = {}
     files[f"{name}.h"] = env().get_template("header.h.j2").render(
-        **common, source=comment(source, 60), inputs=lib.inputs, outputs=lib.outputs,
+        **common, source=comment(source, 60), target=comment(target.summary(), 1000),
+        native=target.cpu == "native", inputs=lib.inputs, outputs=lib.outputs,
         checked=[c["comment"] for c in calls if c["status"]])
     files[f"{name}.c"] = env().get_template("model.c.j2").render(
         **common, inputs=lib.inputs, outputs=lib.outputs, calls=calls)
