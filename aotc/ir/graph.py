@@ -153,39 +153,16 @@ class Graph:
         for v in self.outputs:
             assert v.is_const or id(v) in defined, f"output {v.name!r} is not defined"
 
-    def to_text(self) -> str:
-        """A readable listing, used for dumps and in pass tests."""
-        ids: dict[int, str] = {}
+    def to_text(self, elide: int | None = 16) -> str:
+        """The graph as text (aotc/ir/text.py), for dumps, bug reports and pass tests; constants of
+        more than ``elide`` elements print as ``<elided>`` (None: every element, for from_text)."""
+        from aotc.ir.text import print_graph
 
-        def ref(v: Value | None) -> str:
-            if v is None:
-                return "_"
-            if id(v) not in ids:
-                ids[id(v)] = f"%{len(ids)}"
-            if v.is_const and v.size <= 4:
-                return f"{ids[id(v)]}<const {v.type_str()} {v.const.reshape(-1).tolist()}>"
-            if v.is_const:
-                return f"{ids[id(v)]}<const {v.type_str()}>"
-            return ids[id(v)]
+        return print_graph(self, elide)
 
-        lines = [f"graph {self.name} {{"]
-        for v in self.inputs:
-            lines.append(f"  input {ref(v)}: {v.type_str()}  # {v.name}")
-        for n in self.nodes:
-            outs = ", ".join(f"{ref(v)}: {v.type_str()}" for v in n.outputs)
-            args = ", ".join(ref(v) for v in n.inputs)
-            attrs = "".join(f" {k}={_fmt_attr(a)}" for k, a in sorted(n.attrs.items()))
-            lines.append(f"  {outs} = {n.op}({args}){attrs}")
-        lines.append(f"  return {', '.join(ref(v) for v in self.outputs)}")
-        lines.append("}")
-        return "\n".join(lines) + "\n"
+    @staticmethod
+    def from_text(text: str, fill_elided: bool = False) -> Graph:
+        """Read ``to_text``'s listing back; ``fill_elided`` gives elided constants placeholder data."""
+        from aotc.ir.text import parse_graph
 
-
-def _fmt_attr(a: Any) -> str:
-    if isinstance(a, np.ndarray):
-        return f"array{list(a.shape)}" if a.size > 8 else str(a.tolist())
-    if isinstance(a, (list, tuple)):
-        return "[" + ",".join(_fmt_attr(x) for x in a) + "]"
-    if isinstance(a, bytes):
-        return repr(a.decode("utf-8", "replace"))
-    return repr(a) if isinstance(a, str) else str(a)
+        return parse_graph(text, fill_elided)
