@@ -56,7 +56,9 @@ FINE = ("ok", "clean_error", "unchecked", "ref_crash")
 FAILURES = ("traceback", "multiline_error", "c_compile_error", "sanitizer", "mismatch", "crash", "hang",
             "accepted_invalid")
 TAGGED = ("accepted_invalid", "mismatch", "crash", "hang")  # grouped by what the mutation did
-SANITIZE = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-O1"]
+# float-cast-overflow is undefined behaviour that gcc leaves out of -fsanitize=undefined (clang has it).
+SANITIZE = ["-fsanitize=address,undefined,float-cast-overflow", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer",
+            "-O1"]
 # The worker's address-space limit: a compile-time structure that scales with a tensor's element count
 # shows up as a MemoryError (a traceback) instead of taking the machine down.
 WORKER_MEMORY = 6 << 30
@@ -869,10 +871,13 @@ def _innermost_aotc_frame(tb: traceback.StackSummary) -> str:
 
 
 def _first_error_line(text: str) -> str:
-    for line in text.splitlines():
-        if " error: " in line or line.startswith("error:") or "Error" in line:
-            return line.strip()[:300]
-    return text.strip().splitlines()[-1][:300] if text.strip() else ""
+    """The compiler's or linker's first error (the linker's own complaint rather than collect2's)."""
+    lines = [ln.strip() for ln in text.splitlines() if not ln.startswith("FAILED:")]
+    for pattern in (r": error: ", r"undefined reference|relocation truncated|multiple definition|ld: ", r"error"):
+        for line in lines:
+            if re.search(pattern, line) and not line.startswith("collect2"):
+                return line[:300]
+    return next((ln for ln in lines if "error" in ln), lines[-1] if lines else "")[:300]
 
 
 def _validity(path: Path) -> dict:
@@ -917,9 +922,11 @@ def _compile(path: Path, out_dir: Path, **kw) -> dict | None:
         compile_model(str(path), out_dir, "m", extra_cflags=SANITIZE, **kw)
         return None
     except BuildError as e:
-        lines = str(e).splitlines()
-        return {"outcome": "c_compile_error", "message": lines[0][:300],
-                "signature": "c_compile_error: " + _normalize(_first_error_line("\n".join(lines[1:])))}
+        text = str(e)
+        log = re.search(r"full output in (\S+)", text)
+        output = Path(log.group(1)).read_text(errors="replace") if log and Path(log.group(1)).is_file() else text
+        return {"outcome": "c_compile_error", "message": text[:600], "output": output[-3000:],
+                "signature": "c_compile_error: " + _normalize(_first_error_line(output))}
     except BaseException as e:  # noqa: B036 - RecursionError, MemoryError, KeyboardInterrupt from aotc are bugs too
         tb = traceback.extract_tb(e.__traceback__)
         frame = _innermost_aotc_frame(tb)
@@ -971,6 +978,7 @@ def _normalize(text: str) -> str:
     text = re.sub(r"0x[0-9a-fA-F]+", "ADDR", text)
     text = re.sub(r"/[^\s:'\"]*/", "", text)
     text = re.sub(r"\d+", "N", text)
+    text = re.sub(r"runtime error: \S+ is outside", "runtime error: VALUE is outside", text)
     return text[:200]
 
 
@@ -1375,7 +1383,7 @@ def expected_outcomes(info: dict) -> list[str]:
     v = info.get("validity") or {}
     if v.get("ort") or v.get("checker"):
         return ["clean_error"]
-    return ["ok", "clean_error"]
+    return ["ok", "clean_error", "unchecked"]
 
 
 def minimize(runner: Runner, case: Case, result: Result) -> tuple[Case, Result]:
@@ -1592,7 +1600,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.report:
         args.report.write_text(json.dumps({"summary": summary, "results": [
             {"case": r.case_id, "outcome": r.outcome, "signature": r.signature, "seconds": round(r.seconds, 2),
-             "description": cases[r.case_id].describe(), **{k: v for k, v in r.info.items() if k != "outcome"}}
+             "description": cases[r.case_id].describe(), "seed_model": cases[r.case_id].seed_model,
+             "mutations": cases[r.case_id].specs, **{k: v for k, v in r.info.items() if k != "outcome"}}
             for r in results]}, indent=1, default=str) + "\n")
     if args.findings:
         title = f"aotc fuzz findings: seed {args.seed}, cases {args.start}..{args.start + args.cases - 1}"
