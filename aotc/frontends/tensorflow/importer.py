@@ -3,8 +3,9 @@
 The graph is cut to what its fetches need, stopping at fed tensors (tfcompile's pruning rule), before
 anything is translated, so a branch nobody fetches may use any op, and every unsupported op the
 fetches need is reported in one error. The needed nodes are then translated in dependency order, each
-by its function in the op table (aotc.frontends.tensorflow.context.TF_OPS). Control inputs (``^name``)
-only order side effects, which a frozen inference graph does not have: they are ignored.
+by its function in the op table (aotc.frontends.tensorflow.context.TF_OPS). Function calls are
+inlined first (inline.py). Control inputs (``^name``) only order side effects: they are ignored,
+except that a fetch depending on a variable update through them is refused.
 
 Tensor names keep TensorFlow's spelling: output 0 of node ``n`` is ``n``, output k is ``n:k``.
 Without fetches, the outputs are the tensors no node reads (a frozen Keras model's ``Identity``).
@@ -22,6 +23,7 @@ from aotc.config import Config
 from aotc.errors import AotcError, UnsupportedOpsError
 from aotc.frontends.tensorflow import array, elementwise, nn  # noqa: F401 - they fill the op table
 from aotc.frontends.tensorflow.context import OPSET, TF_OPS, Ctx
+from aotc.frontends.tensorflow.inline import inline_functions
 from aotc.frontends.tensorflow.proto import load_graphdef
 from aotc.frontends.tensorflow.tensors import attr_value, to_numpy
 from aotc.ir.graph import Graph, Value
@@ -68,6 +70,8 @@ def import_graphdef(source: str | Path | Any, shapes: dict[str, tuple[int, ...]]
     feeds and fetches choose the inputs and outputs as tfcompile's do; ``outputs`` (tensor names) is a
     shorter way to give only fetches."""
     gd = load_graphdef(source)
+    if gd.library.function:
+        gd = inline_functions(gd)
     feeds = {(f.id.node_name, f.id.output_index): f for f in (config.feeds if config else [])}
     if config is not None and config.fetches:
         fetches = [((f.id.node_name, f.id.output_index), f.name) for f in config.fetches]
@@ -103,11 +107,11 @@ def translate(gd: Any, shapes: dict[str, tuple[int, ...]] | None, name: str, fee
         if key not in nodes:
             raise AotcError(f"shape given for unknown input {key!r}")
 
+    _refuse_updates(nodes, [k for k, _ in fetches], feeds)
     order, used_feeds = _needed(nodes, [k for k, _ in fetches], feeds)
     for key in feeds:
         if key not in used_feeds and not unused_feeds:
             raise AotcError(f"feed {tensor_name(key)!r}: no fetch needs it")
-    _refuse_updates(nodes, [k for k, _ in fetches], feeds)
     missing: dict[str, list[str]] = {}
     for n in order:
         if n.op not in TF_OPS and n.op not in FRONTEND_OPS:

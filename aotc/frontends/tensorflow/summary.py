@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from aotc.frontends.tensorflow.context import TF_OPS
-from aotc.frontends.tensorflow.importer import FRONTEND_OPS, default_outputs, tensor_key, tensor_name
+from aotc.frontends.tensorflow.importer import FRONTEND_OPS, UPDATE_OPS, default_outputs, tensor_key, tensor_name
+from aotc.frontends.tensorflow.inline import inline_functions
 from aotc.frontends.tensorflow.proto import load_graphdef
 from aotc.frontends.tensorflow.savedmodel import (
     DEFAULT_SIGNATURE,
@@ -42,7 +43,8 @@ def _ops(nodes: Any) -> dict[str, tuple[int, bool]]:
     ops: dict[str, tuple[int, bool]] = {}
     for n in nodes:
         count, _ = ops.get(n.op, (0, False))
-        ops[n.op] = (count + 1, n.op in TF_OPS or n.op in FRONTEND_OPS)
+        # A variable update is dropped where nothing fetched depends on it (refused where something does).
+        ops[n.op] = (count + 1, n.op in TF_OPS or n.op in FRONTEND_OPS or n.op in UPDATE_OPS)
     return ops
 
 
@@ -50,6 +52,8 @@ def summarize(source: str | Path | Any) -> GraphSummary:
     if isinstance(source, (str, Path)) and is_saved_model(source):
         return _summarize_saved_model(Path(source))
     gd = load_graphdef(source)
+    if gd.library.function:
+        gd = inline_functions(gd)
     inputs = [(n.name, _type_text(n)) for n in gd.node if n.op == "Placeholder"]
     return GraphSummary(inputs, [tensor_name(k) for k in default_outputs(gd)], _ops(gd.node))
 
