@@ -62,6 +62,7 @@ SANITIZE = ["-fsanitize=address,undefined,float-cast-overflow", "-fno-sanitize-r
 # The worker's address-space limit: a compile-time structure that scales with a tensor's element count
 # shows up as a MemoryError (a traceback) instead of taking the machine down.
 WORKER_MEMORY = 6 << 30
+WORKER_FILE_SIZE = 2 << 30  # and the largest file it (or the C compiler) may write: not a full disk
 IR_VERSION = 10  # onnxruntime 1.31 reads IR versions up to 11
 F = TensorProto.FLOAT
 
@@ -167,6 +168,13 @@ def seed_expand_tile() -> onnx.ModelProto:
                   [_vi("x", [1, 3])], [_vi("y", [4, 6])], {"shape": _i64(4, 3), "reps": _i64(1, 2)})
 
 
+def seed_expand_softmax_reduce() -> onnx.ModelProto:
+    return _model([helper.make_node("Expand", ["x", "shape"], ["e"]),
+                   helper.make_node("Softmax", ["e"], ["s"], axis=-1),
+                   helper.make_node("ReduceSum", ["s"], ["y"], keepdims=0)],
+                  [_vi("x", [1])], [_vi("y", [])], {"shape": _i64(512)})
+
+
 def seed_reduce() -> onnx.ModelProto:
     return _model([helper.make_node("ReduceSum", ["x", "axes"], ["s"], keepdims=1),
                    helper.make_node("ReduceMax", ["x"], ["y"], axes=[2], keepdims=0)],
@@ -224,15 +232,16 @@ SEEDS: dict[str, Callable[[], onnx.ModelProto]] = {
     f.__name__.removeprefix("seed_"): f for f in (
         seed_mlp_gemm, seed_matmul_add_relu, seed_conv_bn_relu_pool, seed_depthwise, seed_conv1d_dilated,
         seed_avgpool, seed_pool1d, seed_softmax, seed_layernorm, seed_shape_ops, seed_expand_tile,
-        seed_reduce, seed_where_cast, seed_attention, seed_batch_matmul_relu, seed_elementwise,
-        seed_constant_reshape)}
+        seed_expand_softmax_reduce, seed_reduce, seed_where_cast, seed_attention, seed_batch_matmul_relu,
+        seed_elementwise, seed_constant_reshape)}
 
 
 # ---------------------------------------------------------------------------------------------------
 # Mutations: ``gen_*`` draws a spec from the model; ``apply_spec`` applies it (a no-op when the model
 # no longer has what it names, so dropping one spec of several still replays).
 
-BIG_INTS = [0, -1, -2, 1, 2, 3, 7, 2**31 - 1, 2**31, 2**32 + 1, 2**62, 2**62 + 512, 2**63 - 1, -(2**63), -(2**31)]
+BIG_INTS = [0, -1, -2, 1, 2, 3, 7, 2**20, 2**30, 2**31 - 1, 2**31, 2**32 + 1, 2**62, 2**62 + 512, 2**63 - 1,
+            -(2**63), -(2**31)]
 DIMS = [0, -1, -7, 1, 2, 5, 2**31, 2**32 + 3, 2**40, 2**62, 2**62 + 512, 2**63 - 1]
 ELEM_TYPES = list(range(0, 27)) + [39, 100, 2**20]
 HOSTILE_NAMES = ["NULL", "INFINITY", "NAN", "AOTC_HIDDEN", "M_H", "AOTC_M_H", "M_OK", "m_run", "m_workspace_size",
@@ -1025,6 +1034,9 @@ def worker_main() -> None:
     _, hard = resource.getrlimit(resource.RLIMIT_AS)
     limit = int(os.environ.get("AOTC_FUZZ_WORKER_MEMORY", WORKER_MEMORY))
     resource.setrlimit(resource.RLIMIT_AS, (limit if hard == resource.RLIM_INFINITY else min(limit, hard), hard))
+    _, hard = resource.getrlimit(resource.RLIMIT_FSIZE)  # a generated file that scales with a tensor
+    resource.setrlimit(resource.RLIMIT_FSIZE, (WORKER_FILE_SIZE if hard == resource.RLIM_INFINITY
+                                               else min(WORKER_FILE_SIZE, hard), hard))
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
     sys.stdout = sys.stderr
