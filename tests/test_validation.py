@@ -66,6 +66,8 @@ WINDOW_CASES = {
                                    "attribute pads [0, 2, 0, 0] must be smaller than kernel_shape [2, 2]"),
     "unknown_auto_pad": (_conv(auto_pad="SAME"), "attribute auto_pad 'SAME' is not one of NOTSET"),
     "group_zero": (_conv(group=0), "attribute group 0 must be >= 1"),
+    "pads_and_auto_pad": (_conv(pads=[0, 0, 0, 0], auto_pad="VALID"),
+                          "attributes pads [0, 0, 0, 0] and auto_pad 'VALID' exclude each other"),
     "lengths_disagree": (_conv(kernel_shape=[3, 3], strides=[1, 1, 1]), "disagree on the number of spatial axes"),
     "odd_pads": (_pool(kernel_shape=[2, 2], pads=[0, 0, 0]), "a begin and an end per spatial axis"),
     "conv_transpose_output_padding": (
@@ -105,14 +107,14 @@ def _empty_required_input() -> onnx.ModelProto:
     return make([helper.make_node("Add", ["x", ""], ["y"], name="a")], [vi("x", [2])], [vi("y", [2])])
 
 
-def _relu_header(no_opset: bool = False, ir_version: int = 9, also: int | None = None) -> onnx.ModelProto:
-    """A Relu model with an empty opset_import, the given IR version, or an "ai.onnx" opset ``also``
-    beside its default-domain opset 17."""
+def _relu_header(no_opset: bool = False, ir_version: int = 9, extra: tuple[str, int] | None = None) -> onnx.ModelProto:
+    """A Relu model with an empty opset_import, the given IR version, or a (domain, version) import
+    ``extra`` beside its default-domain opset 17."""
     model = _relu()
     if no_opset:
         del model.opset_import[:]
-    if also is not None:
-        model.opset_import.append(helper.make_opsetid("ai.onnx", also))
+    if extra is not None:
+        model.opset_import.append(helper.make_opsetid(*extra))
     model.ir_version = ir_version
     return model
 
@@ -159,7 +161,11 @@ SCHEMA_CASES = {
     "opset_99": (_relu(opset=99), "opset 99 of domain 'ai.onnx' is not defined"),
     "no_opset_import": (_relu_header(no_opset=True), "the model imports no opset"),
     "ir_version_99": (_relu_header(ir_version=99), "IR version 99 is not defined (onnx"),
-    "two_default_opsets": (_relu_header(also=18), "opset_import gives domain 'ai.onnx' two versions"),
+    "ir_version_unset": (_relu_header(ir_version=0), "IR version 0 is not defined"),
+    "opset_import_before_ir_3": (_relu_header(ir_version=2), "IR version 2 predates opset_import"),
+    "opset_out_of_range": (_relu_header(extra=("bogus.domain", 2**40)), "opset 1099511627776 of domain 'bogus.domain' "
+                                                                       "is out of range"),
+    "two_default_opsets": (_relu_header(extra=("ai.onnx", 18)), "opset_import gives domain 'ai.onnx' two versions"),
     "op_newer_than_opset": (
         make([helper.make_node("Gelu", ["x"], ["y"], name="g")], [vi("x", [2])], [vi("y", [2])], opset=17),
         "Gelu node 'g': Gelu is not defined in opset 17 of domain 'ai.onnx' (it was added in opset 20)"),
@@ -184,6 +190,22 @@ SCHEMA_CASES = {
     # Was a ValueError raised while formatting the error.
     "unknown_elem_type": (_relu(inputs=[vi("x", [2], 99)]), "input 'x': unknown elem_type 99"),
     "initializer_data_type_39": (_initializer_of_type(39), "initializer 'c' has unknown data_type 39"),
+    "initializer_negative_dims": (_initializer_of_type(TensorProto.FLOAT, dims=[-1]),
+                                  "initializer 'c' has a negative dimension in its dims [-1]"),
+    # onnxruntime: "Shape of initializer w does not match"; aotc ignored what the input declared.
+    "initializer_input_declared_shape": (
+        make([helper.make_node("Add", ["x", "c"], ["y"])], [vi("x", [2]), vi("c", [3])], [vi("y", [2])],
+             [init("c", np.zeros(2, np.float32))]),
+        "input 'c' is declared with shape [3] but its initializer has shape [2]"),
+    "initializer_input_declared_type": (
+        make([helper.make_node("Add", ["x", "c"], ["y"])], [vi("x", [2]), vi("c", [2], TensorProto.DOUBLE)],
+             [vi("y", [2])], [init("c", np.zeros(2, np.float32))]),
+        "input 'c' is declared double but its initializer is float32"),
+    "output_elem_type_unknown": (make([helper.make_node("Relu", ["x"], ["y"])], [vi("x", [2])], [vi("y", [2], 88)]),
+                                 "graph output 'y' has unknown elem_type 88"),
+    # No shape is an unknown rank, not a scalar (aotc compiled it as one).
+    "input_rank_unknown": (make([helper.make_node("Relu", ["x"], ["y"])], [vi("x", None)], [vi("y", None)]),
+                           "input 'x' has dynamic shape [rank unknown]; pin it with --input-shape x=..."),
     "initializer_short_data": (_initializer_of_type(TensorProto.FLOAT, dims=[4]),
                                "initializer 'c' cannot be read (dims [4])"),
 }
@@ -237,6 +259,13 @@ def test_op_attributes_and_shapes_are_checked(case: str, tmp_path) -> None:
 def test_schema_is_checked(case: str, tmp_path) -> None:
     model, fragment = SCHEMA_CASES[case]
     _refused(model, tmp_path, fragment)
+
+
+def test_input_of_unknown_rank_takes_a_pinned_shape(tmp_path) -> None:
+    model = make([helper.make_node("Relu", ["x"], ["y"])], [vi("x", None)], [vi("y", None)])
+    m = aotc.compile(model, out_dir=tmp_path, name="m", input_shapes={"x": (2, 3)})
+    x = np.arange(-3, 3, dtype=np.float32).reshape(2, 3)
+    np.testing.assert_array_equal(m.run({"x": x})[0], np.maximum(x, 0))
 
 
 def test_nested_graph_nodes_are_checked(tmp_path) -> None:

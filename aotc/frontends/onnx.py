@@ -87,6 +87,8 @@ def _tensor(t: onnx.TensorProto, what: str, any_dtype: bool = False) -> np.ndarr
     op's attribute may hold what the op alone understands) and its data as long as its dims say."""
     if t.data_type not in onnx.TensorProto.DataType.values() or t.data_type == onnx.TensorProto.UNDEFINED:
         raise AotcError(f"{what} has unknown data_type {t.data_type}")
+    if min(t.dims, default=0) < 0:
+        raise AotcError(f"{what} has a negative dimension in its dims {list(t.dims)}")
     try:
         arr = numpy_helper.to_array(t)
     except Exception as e:  # numpy's reshape, protobuf, ml_dtypes: the data does not fit the dims
@@ -102,11 +104,13 @@ def _string_constant(what: str) -> AotcError:
                     "(strings may only be graph inputs)")
 
 
-def _value_type(vi: onnx.ValueInfoProto) -> tuple[list[int | str | None], np.dtype]:
+def _value_type(vi: onnx.ValueInfoProto) -> tuple[list[int | str | None] | None, np.dtype]:
+    """(dims, dtype) of a tensor input; dims None when the model leaves the rank open (no shape:
+    not a scalar, which has a shape of no dims)."""
     t = vi.type.tensor_type
     if not vi.type.HasField("tensor_type"):
         raise AotcError(f"input {vi.name!r}: only tensor inputs are supported")
-    dims: list[int | str | None] = []
+    dims: list[int | str | None] | None = [] if t.HasField("shape") else None
     for d in t.shape.dim:
         dims.append(d.dim_value if d.HasField("dim_value") else (d.dim_param or None))
     if t.elem_type not in onnx.TensorProto.DataType.values():
@@ -150,21 +154,21 @@ def import_onnx(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...] | None
 
     for vi in model.graph.input:
         if vi.name in env:  # an initializer listed as input: a constant with a default
+            _check_declared(vi, env[vi.name])
             continue
         dims, dt = _value_type(vi)
         if vi.name in shapes:
             shape = tuple(shapes.pop(vi.name))
-            if len(shape) != len(dims) or any(isinstance(d, int) and d and d != s
-                                              for d, s in zip(dims, shape, strict=False)):
+            if dims is not None and (len(shape) != len(dims) or any(isinstance(d, int) and d and d != s
+                                                                    for d, s in zip(dims, shape, strict=False))):
                 raise AotcError(f"input {vi.name!r}: shape {list(shape)} does not match the model's "
                                 f"{[d if isinstance(d, int) and d else '?' for d in dims]}")
-        else:
-            if all(isinstance(d, int) for d in dims):
-                shape = tuple(int(d) for d in dims)  # type: ignore[arg-type]
-            else:  # dynamic: an error later only if the input is still needed after pruning
-                shape = None
-                g.dynamic_inputs[vi.name] = ",".join(str(d) if isinstance(d, int) else (d or "?")
-                                                     for d in dims)
+        elif dims is not None and all(isinstance(d, int) for d in dims):
+            shape = tuple(int(d) for d in dims)  # type: ignore[arg-type]
+        else:  # dynamic: an error later only if the input is still needed after pruning
+            shape = None
+            g.dynamic_inputs[vi.name] = "rank unknown" if dims is None else \
+                ",".join(str(d) if isinstance(d, int) else (d or "?") for d in dims)
         v = Value(vi.name, shape, dt)
         env[vi.name] = v
         g.inputs.append(v)
@@ -215,6 +219,23 @@ def import_onnx(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...] | None
         prune(g)
     _require_supported(g, unsupported)
     return g
+
+
+def _check_declared(vi: onnx.ValueInfoProto, init: Value) -> None:
+    """An initializer listed as a graph input has the type and the static dims it declares
+    (onnxruntime refuses a model where they differ)."""
+    t = vi.type.tensor_type
+    if not vi.type.HasField("tensor_type"):
+        return
+    assert init.dtype is not None and init.shape is not None
+    declared = [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim]
+    if t.elem_type and t.elem_type != dtypes.onnx_type(init.dtype):
+        raise AotcError(f"input {vi.name!r} is declared {onnx.TensorProto.DataType.Name(t.elem_type).lower()} "
+                        f"but its initializer is {dtypes.dtype_name(init.dtype)}")
+    if t.HasField("shape") and (len(declared) != len(init.shape) or any(
+            d is not None and d != s for d, s in zip(declared, init.shape, strict=False))):
+        raise AotcError(f"input {vi.name!r} is declared with shape {['?' if d is None else d for d in declared]} "
+                        f"but its initializer has shape {list(init.shape)}")
 
 
 def _require_supported(g: Graph, placeholders: list[Node]) -> None:

@@ -46,6 +46,8 @@ DEFAULT_DOMAINS = ("", "ai.onnx")
 WINDOW_OPS = frozenset({"Conv", "ConvTranspose", "ConvInteger", "QLinearConv", "MaxPool", "AveragePool",
                         "LpPool", "MaxUnpool", "Col2Im", "DeformConv"})
 POOL_OPS = frozenset({"MaxPool", "AveragePool", "LpPool"})
+# Ops that take explicit pads or an auto_pad, not both (onnxruntime's ConvAttributes).
+EXPLICIT_OR_AUTO_PADS = frozenset({"Conv", "ConvTranspose", "ConvInteger", "QLinearConv"})
 AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
 # INT attributes that hold an element type (a TensorProto.DataType); 0 lets the op choose, where allowed.
 DTYPE_ATTRS = {"to": False, "dtype": False, "output_datatype": False, "output_dtype": True}
@@ -101,9 +103,11 @@ def _repeated(field: FieldDescriptor) -> bool:
 def model_opsets(model: onnx.ModelProto) -> dict[str, int]:
     """Domain -> opset version ("" for the default domain, also spelled "ai.onnx"), checked: an
     opset or IR version the installed onnx does not define is refused, as onnxruntime refuses it."""
-    if model.ir_version > onnx.IR_VERSION:
-        raise AotcError(f"IR version {model.ir_version} is not defined (onnx {onnx.__version__} defines up to "
+    if not 1 <= model.ir_version <= onnx.IR_VERSION:
+        raise AotcError(f"IR version {model.ir_version} is not defined (onnx {onnx.__version__} defines 1 to "
                         f"{onnx.IR_VERSION})")
+    if model.opset_import and model.ir_version < 3:
+        raise AotcError(f"IR version {model.ir_version} predates opset_import, which the model has")
     if not model.opset_import and model.ir_version >= 3:
         raise AotcError("the model imports no opset (opset_import is empty); onnx requires one for "
                         "the default domain")
@@ -112,6 +116,8 @@ def model_opsets(model: onnx.ModelProto) -> dict[str, int]:
         domain = "" if imp.domain in DEFAULT_DOMAINS else imp.domain
         if opsets.get(domain, imp.version) != imp.version:  # "" and "ai.onnx" may both be listed, alike
             raise AotcError(f"opset_import gives domain {imp.domain or 'ai.onnx'!r} two versions")
+        if imp.version > 2**31 - 1:  # onnx.checker's range, for any domain
+            raise AotcError(f"opset {imp.version} of domain {imp.domain!r} is out of range")
         known = _KNOWN_OPSETS.get(domain)
         if known is not None and not known[0] <= imp.version <= known[1]:
             raise AotcError(f"opset {imp.version} of domain {imp.domain or 'ai.onnx'!r} is not defined "
@@ -172,6 +178,11 @@ class _Checker:
         for name in inits:  # an initializer may also be listed as an input (a default)
             if name not in defined:
                 define(name, "initializer", shadows=True)
+        for kind, infos in (("graph output", g.output), ("value_info", g.value_info)):
+            for vi in infos:  # onnxruntime refuses an invalid element type wherever it is declared
+                if vi.type.HasField("tensor_type") and not _elem_type(vi):
+                    raise AotcError(f"{kind} {vi.name!r}{where} has unknown elem_type "
+                                    f"{vi.type.tensor_type.elem_type}")
         for i, node in enumerate(g.node):
             label = f"{node.op_type} node {node.name or f'{node.op_type}_{i}'!r}{where}"
             self.node(node, label, types)
@@ -355,10 +366,12 @@ def _check_window(op: str, attrs: dict[str, onnx.AttributeProto], label: str) ->
     if len(set(lengths.values())) > 1:
         raise AotcError(f"{label}: attributes {', '.join(f'{k} ({v} axes)' for k, v in lengths.items())} "
                         "disagree on the number of spatial axes")
-    if "auto_pad" in attrs:
-        auto = attrs["auto_pad"].s.decode("utf-8", "replace")
-        if auto not in AUTO_PADS:
-            raise AotcError(f"{label}: attribute auto_pad {auto!r} is not one of {', '.join(AUTO_PADS)}")
+    auto = attrs["auto_pad"].s.decode("utf-8", "replace") if "auto_pad" in attrs else "NOTSET"
+    if auto not in AUTO_PADS:
+        raise AotcError(f"{label}: attribute auto_pad {auto!r} is not one of {', '.join(AUTO_PADS)}")
+    if op in EXPLICIT_OR_AUTO_PADS and pads is not None and auto != "NOTSET":
+        raise AotcError(f"{label}: attributes pads {pads} and auto_pad {auto!r} exclude each other "
+                        "(onnxruntime's rule)")
     if "group" in attrs and attrs["group"].i < 1:
         raise AotcError(f"{label}: attribute group {attrs['group'].i} must be >= 1")
     for name in ("output_padding", "output_shape"):
