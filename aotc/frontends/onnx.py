@@ -213,6 +213,8 @@ def import_onnx(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...] | None
         g.outputs.append(env[vi.name])
     _known_dtypes(model, env)
     g.toposort()
+    if not g.outputs and config is None:
+        raise AotcError("the model's graph has no outputs: nothing to compute (a config can fetch tensors)")
     if config is not None:
         apply_config(g, config)
     elif unsupported:
