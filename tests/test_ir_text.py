@@ -235,7 +235,7 @@ def test_hostile_names_round_trip() -> None:
 
 def test_dynamic_input_dims_round_trip() -> None:
     g = Graph("dyn")
-    for name, dims in [("a", "N,3"), ("b", "batch size,?,7"), ("c", "?"), ("d", "x]y,")]:
+    for name, dims in [("a", "N,3"), ("b", "batch size,?,7"), ("c", "?"), ("d", "x]y,"), ("f", "3,4"), ("g", "٣")]:
         g.inputs.append(typed(Value(name), None, np.float32))
         if dims != "?":
             g.dynamic_inputs[name] = dims
@@ -244,6 +244,7 @@ def test_dynamic_input_dims_round_trip() -> None:
     text = g.to_text()
     assert "input %a: float32[N,3]" in text and 'input %b: float32["batch size",?,7]' in text
     assert "input %c: float32[?]" in text and 'input %d: float32["x]y",""]' in text and "input %e: ?[?]" in text
+    assert 'input %f: float32["3","4"]' in text and 'input %g: float32["٣"]' in text
     round_trip(g)
 
 
@@ -264,6 +265,26 @@ def test_dump_elides_large_constants() -> None:
     assert filled.to_text() == text
 
 
+def test_every_dump_file_parses_back(tmp_path: Path) -> None:
+    """The files --dump-to writes, one per pass: each graph reads back (weights filled in) and prints
+    as it was dumped."""
+    from models import mlp
+
+    from aotc.frontends.onnx import import_onnx
+    from aotc.passes.pipeline import run_passes
+
+    run_passes(import_onnx(mlp(sizes=(8, 6, 4)), name="mlp"), dump_dir=tmp_path)
+    files = sorted(tmp_path.glob("[0-9][0-9]_*.txt"))
+    assert [f.name for f in files][:2] == ["00_imported.txt", "01_prune.txt"] and len(files) >= 8
+    for f in files:
+        text = f.read_text()
+        graph_part = text.split("\nkernels:\n")[0].removesuffix("\n")
+        if f.name != "00_imported.txt":
+            assert graph_part.startswith("# after ")
+            graph_part = graph_part.split("\n", 1)[1]
+        assert Graph.from_text(graph_part, fill_elided=True).to_text() == graph_part + "\n", f.name
+
+
 def test_docs_listing_parses() -> None:
     """The listing in docs/debugging.md is real: it parses (its weights are elided), and prints back
     as it is written there."""
@@ -282,6 +303,8 @@ MALFORMED = [
     ("grph g {", 1, 1, "expected 'graph', found 'grph'"),
     ("graph g\n  input", 2, 3, "expected '{' after the graph's name, found 'input'"),
     ("graph g {\n  input %x: float33[2]\n", 2, 13, "unknown dtype 'float33'"),
+    ("graph g {\n  input %x: float[2]\n", 2, 13, "unknown dtype 'float'"),
+    ("graph g {\n  input %x: f4[2]\n", 2, 13, "unknown dtype 'f4'"),
     ("graph g {\n  input %x: float32[2\n", 3, 1, "expected ',' or ']' in the dims, found the end of the text"),
     ("graph g {\n  input %x: float32[2,-1]\n", 2, 23, "expected a dimension (an integer, ? or a name), found '-1'"),
     ("graph g {\n  %y: float32[N] = Relu(%x)\n", 2, 15, "expected a dimension (an integer or ?), found 'N'"),
@@ -324,6 +347,12 @@ def test_malformed_text_is_reported_with_its_position(text: str, line: int, colu
     assert (e.value.line, e.value.column) == (line, column), str(e.value)
     assert str(e.value).startswith(f"IR text, line {line}, column {column}: {message}")
     assert "\n" not in str(e.value)
+
+
+def test_a_graph_without_outputs_round_trips() -> None:
+    g = Graph("empty")
+    assert g.to_text() == "graph empty opset=17 {\n  return\n}\n"
+    round_trip(g)
 
 
 def test_parse_accepts_comments_and_free_layout() -> None:

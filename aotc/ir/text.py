@@ -38,6 +38,7 @@ graph mlp opset=17 {
 from __future__ import annotations
 
 import bisect
+import contextlib
 import re
 from collections.abc import Iterator
 from typing import Any, NamedTuple
@@ -108,7 +109,11 @@ def type_text(dt: np.dtype | None, shape: tuple[int, ...] | None, dims: str | No
     if shape is not None:
         body = ",".join(str(d) for d in shape)
     elif dims is not None:
-        body = ",".join(d if d == "?" or d.isdigit() else _ident(d) for d in dims.split(","))
+        parts = dims.split(",")
+        # (digits alone would read back as a known shape: then they are quoted)
+        numbers = [p.isascii() and p.isdigit() for p in parts]
+        body = ",".join(p if p == "?" or (num and not all(numbers)) else _ident(p)
+                        for p, num in zip(parts, numbers, strict=True))
     else:
         body = "?"
     return f"{_dtype_text(dt)}[{body}]"
@@ -201,7 +206,7 @@ def print_graph(graph: Graph, elide: int | None) -> str:
         named = "" if n.outputs and n.name == n.outputs[0].name else f" @{_name(n.name)}"
         lines.append(f"  {outs} = {_ident(n.op)}({args}){attrs}{named}")
     declare_constants(list(graph.outputs))
-    lines.append(f"  return {', '.join(ref(v) for v in graph.outputs)}")
+    lines.append("  return" + "".join(f"{',' if i else ''} {ref(v)}" for i, v in enumerate(graph.outputs)))
     lines.append("}")
     return "\n".join(lines) + "\n"
 
@@ -222,7 +227,7 @@ _TOKEN = re.compile(rf"""
   | (?P<bytes>b{_STRING}) | (?P<str>{_STRING})
   | (?P<num>-inf|-?\d+(?:\.\d*)?(?:[eE][+-]?\d+)?f?)
   | (?P<ident>{_IDENT.pattern}) | (?P<angle><[^<>\n]*>) | (?P<punct>[{{}}()\[\],=:?])
-""", re.VERBOSE)
+""", re.VERBOSE | re.ASCII)
 _ESCAPE = re.compile(r"\\(?:x([0-9a-fA-F]{2})|u([0-9a-fA-F]{4})|U([0-9a-fA-F]{8})|(.))", re.DOTALL)
 _SIMPLE = {'"': '"', "\\": "\\", "n": "\n", "t": "\t", "r": "\r"}
 
@@ -422,14 +427,16 @@ class _Parser:
         return dt, None, ",".join(dims)
 
     def dtype(self, t: _Token) -> np.dtype:
-        try:
-            return dtypes.from_name(t.text)
-        except AotcError:
-            pass
-        try:
-            return np.dtype(t.text)
-        except TypeError:
-            raise self.error(t.pos, f"unknown dtype {t.text!r}") from None
+        """A dtype by the name the printer gives it (float32, bfloat16, ...; numpy's for the rest)."""
+        with contextlib.suppress(AotcError):
+            dt = dtypes.from_name(t.text)
+            if dtypes.dtype_name(dt) == t.text:
+                return dt
+        with contextlib.suppress(TypeError):
+            dt = np.dtype(t.text)
+            if dt.name == t.text and not dtypes.is_supported(dt):
+                return dt
+        raise self.error(t.pos, f"unknown dtype {t.text!r}")
 
     def graph_input(self, g: Graph) -> None:
         t = self.expect("ref", "a value such as %x after 'input'")
