@@ -233,6 +233,23 @@ def test_hostile_names_round_trip() -> None:
     assert [v.name for v in h.inputs] == HOSTILE
 
 
+def test_random_names_and_strings_round_trip() -> None:
+    """Strings of random code points (controls, quotes, the format's own punctuation, surrogates,
+    astral planes) as value names, node names and string attributes."""
+    rng = np.random.default_rng(1)
+    alphabet = [*range(0x00, 0x80), 0x85, 0xA0, 0x2028, 0xD800, 0xDFFF, 0xFEFF, 0x1F600, 0xE0001, 0x10FFFF]
+    names = ["".join(chr(c) for c in rng.choice(alphabet, size=rng.integers(0, 8))) for _ in range(300)]
+    g = Graph("random")
+    x = typed(Value(names[0]), (1,), np.float32)
+    g.inputs.append(x)
+    for i, name in enumerate(names[1:]):
+        n = g.add_node("Relu", [x], attrs={"s": name, "l": [name, i]}, name=names[-i], out_names=[name])
+        x = typed(n.outputs[0], (1,), np.float32)
+    g.outputs.append(x)
+    assert len(g.to_text().splitlines()) == len(names) + 3
+    round_trip(g)
+
+
 def test_dynamic_input_dims_round_trip() -> None:
     g = Graph("dyn")
     for name, dims in [("a", "N,3"), ("b", "batch size,?,7"), ("c", "?"), ("d", "x]y,"), ("f", "3,4"), ("g", "٣")]:
