@@ -7,8 +7,11 @@ nothing with aotc's passes or C code.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import onnx
+import onnx.defs
 from onnx import helper, numpy_helper
 
 from aotc.errors import AotcError
@@ -36,13 +39,17 @@ def to_onnx(graph: Graph) -> onnx.ModelProto:
     for n in graph.nodes:
         domain, _, op = n.op.rpartition(".")
         domains.setdefault(domain, n.attr("_domain_opset", 1))
-        attrs = {k: a for k, a in n.attrs.items() if not k.startswith("_")}
-        nodes.append(helper.make_node(op, [name(v) for v in n.inputs], [name(v) for v in n.outputs],
-                                      domain=domain or None, **attrs))
+        node = helper.make_node(op, [name(v) for v in n.inputs], [name(v) for v in n.outputs],
+                                domain=domain or None)
+        node.attribute.extend(_attribute(op, domain, graph.opset if not domain else n.attr("_domain_opset", 1),
+                                         k, a) for k, a in n.attrs.items() if not k.startswith("_"))
+        nodes.append(node)
     outputs = []
     for i, v in enumerate(graph.outputs):
         nodes.append(helper.make_node("Identity", [name(v)], [f"out{i}"]))
-        outputs.append(helper.make_tensor_value_info(f"out{i}", onnx.TensorProto.UNDEFINED, None))
+        # Typed (onnxruntime refuses an output of type UNDEFINED); shapes are left to the reference.
+        elem = helper.np_dtype_to_tensor_dtype(np.dtype(v.dtype)) if v.dtype is not None else 0
+        outputs.append(helper.make_tensor_value_info(f"out{i}", elem, None))
     inputs = [helper.make_tensor_value_info(f"in{i}", helper.np_dtype_to_tensor_dtype(np.dtype(v.dtype)),
                                             list(v.shape or ())) for i, v in enumerate(graph.inputs)]
     opsets = [helper.make_opsetid(d, v) for d, v in sorted(domains.items())]
@@ -52,8 +59,27 @@ def to_onnx(graph: Graph) -> onnx.ModelProto:
     return model
 
 
+def _attribute(op: str, domain: str, opset: int, key: str, value) -> onnx.AttributeProto:
+    """``value`` as an attribute; an empty list takes its type from the op's schema (make_attribute
+    cannot tell ints from floats from an empty list)."""
+    if isinstance(value, (list, tuple)) and not value:
+        try:
+            kind = onnx.defs.get_schema(op, opset, domain).attributes[key].type
+        except (onnx.defs.SchemaError, KeyError):
+            kind = onnx.AttributeProto.INTS
+        return helper.make_attribute(key, [], attr_type=kind)
+    return helper.make_attribute(key, value)
+
+
+MAX_TEST_INPUT_BYTES = 1 << 30
+
+
 def random_inputs(specs: list[tuple[str, tuple[int, ...]]], seed: int = 0) -> list[np.ndarray]:
     """Normal floats, random booleans, and zeros for integers (always a valid index)."""
+    total = sum(math.prod(shape) * np.dtype(dtype).itemsize for dtype, shape in specs)
+    if total > MAX_TEST_INPUT_BYTES:  # a stored test's inputs and outputs are files and C arrays
+        raise AotcError(f"--gen-test: the inputs take {total} bytes; a generated test stores at most "
+                        f"{MAX_TEST_INPUT_BYTES} (compile without --gen-test)")
     rng = np.random.default_rng(seed)
     out = []
     for dtype, shape in specs:

@@ -212,4 +212,19 @@ AOTC_TYPES_INLINE int32_t aotc_trunc_i32(double x) {
   return x > -2147483649.0 && x < 2147483648.0 ? (int32_t)x : 0;
 }
 
+
+/* Float to integer conversions (Cast) without C's undefined behaviour: NaN, infinities and values out
+ * of range give the type's minimum, the "integer indefinite" x86's conversion instructions return and
+ * so what onnxruntime gives there. Types narrower than 32 bits keep the low bits of the int32 result,
+ * uint32 those of the int64 result, as x86 compilers convert them. */
+#define AOTC__CVT(name, src, dst, lo, hi, bad)                                                           \
+  AOTC_TYPES_INLINE dst name(src x) { return x >= (lo) && x < (hi) ? (dst)x : (bad); }
+AOTC__CVT(aotc_cvt_i32_f, float, int32_t, -2147483648.0f, 2147483648.0f, INT32_MIN)
+AOTC__CVT(aotc_cvt_i32_d, double, int32_t, -2147483648.0, 2147483648.0, INT32_MIN)
+AOTC__CVT(aotc_cvt_i64_f, float, int64_t, -9223372036854775808.0f, 9223372036854775808.0f, INT64_MIN)
+AOTC__CVT(aotc_cvt_i64_d, double, int64_t, -9223372036854775808.0, 9223372036854775808.0, INT64_MIN)
+AOTC__CVT(aotc__cvt_u64_f, float, uint64_t, 0.0f, 18446744073709551616.0f, (uint64_t)aotc_cvt_i64_f(x))
+AOTC__CVT(aotc__cvt_u64_d, double, uint64_t, 0.0, 18446744073709551616.0, (uint64_t)aotc_cvt_i64_d(x))
+#undef AOTC__CVT
+
 #endif

@@ -23,7 +23,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
-from onnx_helpers import SANITIZE, require_sanitizers, run_ort
+from onnx_helpers import SANITIZE, require_sanitizers, run_generated_test_under_sanitizers, run_ort
 
 import aotc
 from aotc.compiler import compile_model
@@ -304,3 +304,23 @@ def test_header_declares_the_build_id_and_refuses_a_narrow_size_t(small, tmp_pat
                            str(tmp_path / "app.c")], capture_output=True, text=True)
     assert proc.returncode != 0
     assert "hk.h: the code aotc generates needs a 64-bit size_t and ptrdiff_t" in proc.stderr
+
+
+@pytest.mark.parametrize("src", [TensorProto.FLOAT, TensorProto.DOUBLE])
+def test_float_to_integer_casts_have_no_undefined_behaviour(tmp_path, src):
+    """NaN, infinities and out-of-range values convert to the minimum (x86's integer indefinite, what
+    onnxruntime gives) or its low bits, never through C's undefined conversion; in range they truncate.
+    The generated test compares with onnxruntime under UBSan's float-cast-overflow check."""
+    targets = [TensorProto.INT8, TensorProto.UINT8, TensorProto.INT16, TensorProto.UINT16, TensorProto.INT32,
+               TensorProto.INT64]
+    np_src = helper.tensor_dtype_to_np_dtype(src)
+    specials = np.array([np.nan, np.inf, -np.inf, 1e30, -1e30, 2.7, -2.7, 300, -1, 3e9, -3e9, 1e19, -2e9], np_src)
+    nodes = [helper.make_node("Add", ["x", "specials"], ["s"])]
+    nodes += [helper.make_node("Cast", ["s"], [f"y{t}"], to=t) for t in targets]
+    model = helper.make_model(helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", src, [13])],
+        [helper.make_tensor_value_info(f"y{t}", t, [13]) for t in targets],
+        [numpy_helper.from_array(specials, "specials")]), opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    run_generated_test_under_sanitizers(model, tmp_path, FLAGS)
+    kernels = "".join(p.read_text() for p in (tmp_path / ".aotc" / "m").glob("m_kernels*.c"))
+    assert "aotc_cvt_i32_" in kernels and "aotc_cvt_i64_" in kernels

@@ -236,7 +236,18 @@ def _cast(node: Node, x: list[str], t: str) -> str:
         return dtypes.load(dst, _narrow(node, x[0], node.inputs[0].dtype, dst))
     if t == "_Bool":
         return f"({x[0]} != 0)"
+    src = dtypes.compute_type(node.inputs[0].dtype)
+    if src in FLOAT_CTYPES and t in _CVT_WIDTH:  # no undefined behaviour for NaN, inf, out of range
+        suffix = "d" if src == "double" else "f"
+        width = _CVT_WIDTH[t]
+        fn = f"aotc__cvt_u64_{suffix}" if t == "uint64_t" else f"aotc_cvt_i{width}_{suffix}"
+        return f"(({t}){fn}({x[0]}))"
     return f"(({t}){x[0]})"
+
+
+# The integer a float converts through: narrower types keep its low bits.
+_CVT_WIDTH = {"int8_t": 32, "uint8_t": 32, "int16_t": 32, "uint16_t": 32, "int32_t": 32,
+              "uint32_t": 64, "int64_t": 64, "uint64_t": 64}
 
 
 _E8M0_MODES = {"up": "AOTC_E8M0_UP", "down": "AOTC_E8M0_DOWN", "nearest": "AOTC_E8M0_NEAREST"}
