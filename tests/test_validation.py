@@ -263,6 +263,21 @@ def test_schema_is_checked(case: str, tmp_path) -> None:
     _refused(model, tmp_path, fragment)
 
 
+def test_depthwise_stride_past_the_plane(tmp_path) -> None:
+    """A stride of 2^62 is valid (one output column): the depthwise phase path built tables and
+    scratch as long as the stride (a MemoryError); it now stays on the row-by-row path."""
+    import onnxruntime as ort
+
+    w = np.random.default_rng(2).standard_normal((4, 1, 3, 3)).astype(np.float32)
+    model = make([helper.make_node("Conv", ["x", "w"], ["y"], group=4, pads=[1, 1, 1, 1], strides=[1, 2**62])],
+                 [vi("x", [1, 4, 6, 6])], [vi("y", None)], [init("w", w)])
+    model.ir_version = 10
+    m = aotc.compile(model, out_dir=tmp_path, name="m")
+    x = np.random.default_rng(3).standard_normal((1, 4, 6, 6)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
+    np.testing.assert_allclose(m.run({"x": x})[0], want, rtol=1e-5, atol=1e-5)
+
+
 def test_input_of_unknown_rank_takes_a_pinned_shape(tmp_path) -> None:
     model = make([helper.make_node("Relu", ["x"], ["y"])], [vi("x", None)], [vi("y", None)])
     m = aotc.compile(model, out_dir=tmp_path, name="m", input_shapes={"x": (2, 3)})

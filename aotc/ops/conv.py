@@ -932,8 +932,12 @@ def _phase_dims(g: Geometry) -> tuple[int, int, int, int, int]:
 
 def _use_phase(g: Geometry) -> bool:
     """1-D/2-D depthwise convs that are strided or have small planes (mostly border) take the phase
-    path; large stride-1 planes are faster read in place, row by row (measured at 112x112)."""
-    return g.inp[0] == 1 and g.k[0] == 1 and (max(g.s[1:]) > 1 or math.prod(_padded_dims(g)) <= 4096)
+    path; large stride-1 planes are faster read in place, row by row (measured at 112x112). A stride
+    past the padded plane (one output along it) stays row by row: the phase path's tables and
+    scratch grow with the stride."""
+    _, ph, pw = _padded_dims(g)
+    return g.inp[0] == 1 and g.k[0] == 1 and g.s[1] <= ph and g.s[2] <= pw and \
+        (max(g.s[1:]) > 1 or math.prod(_padded_dims(g)) <= 4096)
 
 
 def _phase_areas(g: Geometry) -> tuple[int, int]:
