@@ -334,5 +334,17 @@ def _open_library(ffi: cffi.FFI, prefix: Path, meta: dict):  # noqa: ANN202 - cf
 
 
 def load(prefix: str | Path, threads: int | ThreadPool = 1) -> CompiledModel:
-    """Load a compiled model from ``OUTDIR/NAME`` (the files NAME.json and libNAME.so)."""
+    """Load a compiled model from ``OUTDIR/NAME`` (the files NAME.json and libNAME.so). A library this
+    machine cannot run (compiled for another architecture, or for instruction sets this CPU lacks) is
+    refused before it is opened."""
+    from aotc.target import host_problem
+
+    prefix = Path(prefix)
+    try:
+        target = json.loads((prefix.parent / f"{prefix.name}.json").read_text()).get("target")
+    except (OSError, ValueError, AttributeError):
+        target = None  # CompiledModel says what is missing or malformed
+    problem = host_problem(target) if isinstance(target, dict) else None
+    if problem is not None:
+        raise AotcError(f"cannot load {prefix}: {problem}")
     return CompiledModel(prefix, threads)

@@ -9,7 +9,8 @@ renamed into OUT one by one with SIGINT and SIGTERM held off, so an interrupted 
 leaves OUT holding the previous model or the new one, never a mix. aotc writes no ``build.ninja``
 into OUT: it cannot replace CMake's or Meson's, and several models share one output directory.
 
-``CC``, ``CFLAGS``, ``LDFLAGS`` and ``AR`` are respected.
+``CC``, ``CFLAGS``, ``LDFLAGS`` and ``AR`` are respected (the compiler and archiver through
+``aotc.target``, which picks ``TRIPLE-gcc`` and ``TRIPLE-ar`` for a cross target).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from types import TracebackType
 from aotc import __version__
 from aotc.codegen.library import Library, env
 from aotc.errors import AotcError, BuildError
+from aotc.target import Target
 
 # -fno-math-errno lets sqrt vectorize. -fno-trapping-math lets compilers evaluate a comparison on both
 # sides of a select, which vectorizes clamps such as HardSwish's (MobileNetV3's depthwise convs were
@@ -91,9 +93,8 @@ def _build_id_source(name: str) -> str:
     return f"{name}_build_id.c"
 
 
-def ninja_file(lib: Library, target_flags: list[str], extra_cflags: list[str] | None = None) -> str:
-    cc = os.environ.get("CC", "cc")
-    cflags = BASE_CFLAGS + target_flags + (extra_cflags or []) + shlex.split(os.environ.get("CFLAGS", ""))
+def ninja_file(lib: Library, target: Target, extra_cflags: list[str] | None = None) -> str:
+    cflags = BASE_CFLAGS + list(target.flags) + (extra_cflags or []) + shlex.split(os.environ.get("CFLAGS", ""))
     def obj(fname: str) -> dict:
         return {"src": fname, "obj": f"obj/{fname[:-2]}.o",
                 "implicit": fname[:-2] + ".bin" if fname.endswith(".S") else "",
@@ -104,7 +105,7 @@ def ninja_file(lib: Library, target_flags: list[str], extra_cflags: list[str] | 
     objects = [obj(f) for f in sources if f.endswith((".c", ".S")) and f not in in_programs]
     programs = [{"exe": exe, "objects": [obj(f) for f in srcs]} for exe, srcs in sorted(lib.programs.items())]
     return env().get_template("build.ninja.j2").render(
-        name=lib.name, version=__version__, cc=cc, ar=os.environ.get("AR", "ar"),
+        name=lib.name, version=__version__, cc=target.cc, ar=target.ar,
         cflags=" ".join(shlex.quote(f) for f in cflags), ldflags=os.environ.get("LDFLAGS", ""),
         objects=objects, programs=programs, threads=any(o["threads"] for o in objects))
 
@@ -148,14 +149,14 @@ class StagedBuild:
         if self._lock is not None:
             self._lock.close()
 
-    def build(self, lib: Library, target_flags: list[str], extra_cflags: list[str] | None = None,
+    def build(self, lib: Library, target: Target, extra_cflags: list[str] | None = None,
               progress: Callable[[str], None] | None = None) -> str:
         """Write ``lib``'s sources and build.ninja, run ninja; return the build id.
 
         The build id hashes everything the library is built from (sources and build.ninja, hence
         the compiler and its flags). The library returns it from NAME_build_id(); NAME.json and
         NAME.cdef carry it too, so a loader can tell that the three belong together."""
-        ninja = ninja_file(lib, target_flags, extra_cflags).encode()
+        ninja = ninja_file(lib, target, extra_cflags).encode()
         digest = hashlib.sha256()
         for fname, data in sorted(lib.files.items()):
             digest.update(f"{fname}\0{len(data)}\0".encode() + data)

@@ -32,7 +32,7 @@ def _shape_arg(text: str) -> tuple[str, tuple[int, ...]]:
 def _parser() -> argparse.ArgumentParser:
     from aotc import __version__
     from aotc.compiler import DEFAULT_OUT_DIR
-    from aotc.target import TARGETS
+    from aotc.target import GENERIC, TRIPLES, host_triple
 
     p = argparse.ArgumentParser(prog="aotc", description="Ahead-of-time compiler: ONNX -> C library")
     p.add_argument("--version", action="version", version=f"aotc {__version__}")
@@ -51,7 +51,18 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--signature", help="SavedModel: the signature to compile (default: serving_default)")
     c.add_argument("--variables-to-feed", type=lambda t: [v for v in t.split(",") if v], metavar="A,B",
                    help="SavedModel: variables that become inputs instead of constants ('all' for every one)")
-    c.add_argument("--target-cpu", default="native", choices=TARGETS)
+    c.add_argument("--target", metavar="TRIPLE",
+                   help=f"what the library is built for: {', '.join(TRIPLES)} (with TRIPLE-gcc, or CC, and "
+                        f"TRIPLE-ar), or {GENERIC} (portable C without intrinsics, for GCC or Clang); default: this "
+                        f"machine's ({host_triple()})")
+    c.add_argument("--target-cpu", metavar="CPU",
+                   help="the CPU to build for (-march or -mcpu): default native for this machine's triple, "
+                        "which gives a library that needs this machine's instruction sets; generic (the "
+                        "compiler's baseline) for a cross triple; or a name such as x86-64-v3, x86-64-v4, "
+                        "neoverse-n1")
+    c.add_argument("--target-features", metavar="+F,-F",
+                   help="instruction-set features to add or remove, e.g. +avx512f,-avx512bw")
+    c.add_argument("--sysroot", help="the cross compiler's --sysroot (also where qemu finds the target's libc)")
     c.add_argument("--depfile", help="write a Make-style depfile for the generated library (no path may "
                    "hold a line break)")
     c.add_argument("--dump-to", help="write the IR after each pass and the generated C here")
@@ -130,7 +141,8 @@ def _cmd_compile(args: argparse.Namespace) -> None:
     name = args.name or _default_name(Path(args.model))
     try:
         res = compile_model(args.model, args.out_dir, name, config=args.config,
-                            input_shapes=dict(args.input_shape), target_cpu=args.target_cpu,
+                            input_shapes=dict(args.input_shape), target=args.target, target_cpu=args.target_cpu,
+                            target_features=args.target_features, sysroot=args.sysroot,
                             dump_to=args.dump_to, depfile=args.depfile, log=log, profile=args.profile,
                             thread_pool=not args.no_thread_pool, gen_test=args.gen_test,
                             gen_benchmark=args.gen_benchmark, tag_set=args.tag_set, signature=args.signature,

@@ -67,13 +67,14 @@ class CompileResult:
 def compile_model(model: str | Path | onnx.ModelProto | Graph, out_dir: str | Path, name: str,
                   config: str | Path | Config | None = None,
                   input_shapes: dict[str, tuple[int, ...]] | None = None,
-                  target_cpu: str = "native", dump_to: str | Path | None = None,
+                  target_cpu: str | None = None, dump_to: str | Path | None = None,
                   depfile: str | Path | None = None, extra_cflags: list[str] | None = None,
                   log: Callable[[str], None] | None = None, profile: bool = False,
                   thread_pool: bool = True, gen_test: bool = False, gen_benchmark: bool = False,
                   test_tolerance: tuple[float, float] = (1e-3, 1e-4), tag_set: str | None = None,
                   signature: str | None = None, variables_to_feed: list[str] | None = None,
-                  cpp_class: str | None = None) -> CompileResult:
+                  cpp_class: str | None = None, target: str | None = None, target_features: str | None = None,
+                  sysroot: str | None = None) -> CompileResult:
     """Compile ``model`` into ``out_dir``: NAME.h, libNAME.a, libNAME.so, NAME.json and NAME.cdef
     (built in ``out_dir/.aotc/NAME/``, delivered only when the build succeeded; see aotc.build).
 
@@ -85,11 +86,17 @@ def compile_model(model: str | Path | onnx.ModelProto | Graph, out_dir: str | Pa
     (``"ns::Name"``) adds NAME.hpp, a C++ class with the interface tfcompile generated (docs/tfcompile.md).
     ``tag_set``, ``signature`` and ``variables_to_feed`` choose what of a TensorFlow SavedModel
     directory is compiled (aotc.frontends.tensorflow.import_saved_model).
+
+    ``target`` (a triple: this machine's by default, ``aarch64-linux-gnu``, ``riscv64-linux-gnu``, or
+    ``generic`` for plain C), ``target_cpu`` (default ``native`` for this machine's triple: the library
+    then needs a CPU with this one's instruction sets; ``generic`` for a cross triple),
+    ``target_features`` (``+avx512f,-avx512bw``) and ``sysroot`` choose what the library is built for
+    (aotc.target.resolve); a library for another machine is tested through its generated test program.
     """
     check_model_name(name)
     if cpp_class is not None:
         parse_cpp_class(cpp_class, name)
-    target = resolve(target_cpu)
+    tgt = resolve(target, target_cpu, target_features, sysroot, extra_cflags)
     out = Path(out_dir)
     check_output_dir(out, "output directory")
     if dump_to:
@@ -123,7 +130,6 @@ def compile_model(model: str | Path | onnx.ModelProto | Graph, out_dir: str | Pa
         raise AotcError("--gen-test and --gen-benchmark do not support string inputs: the generated "
                         "programs store inputs as fixed-size binary elements, not strings")
     input_names = [v.name for v in graph.inputs]
-    graph.isa = target.isa
     reference_model = to_onnx(graph) if gen_test else None
     bounded = expose_counts(graph)  # data-dependent outputs get their count outputs (ops/dynamic.py)
     output_names = [v.name for v in graph.outputs]
@@ -131,13 +137,13 @@ def compile_model(model: str | Path | onnx.ModelProto | Graph, out_dir: str | Pa
 
     t0 = time.perf_counter()
     with output_errors(dump_to or out):
-        run_passes(graph, dump_dir=Path(dump_to) if dump_to else None, log=say)
+        run_passes(graph, dump_dir=Path(dump_to) if dump_to else None, log=say, target=tgt)
     times["passes"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     say(f"codegen: {len(graph.kernels)} kernels")
     source = model_path.name if model_path else "<model>"
-    lib = generate(graph, name, input_names, output_names, source, profile=profile, pool=thread_pool,
+    lib = generate(graph, name, input_names, output_names, source, target=tgt, profile=profile, pool=thread_pool,
                    bounded=bounded)
     times["codegen"] = time.perf_counter() - t0
     if reference_model is not None:
@@ -156,10 +162,11 @@ def compile_model(model: str | Path | onnx.ModelProto | Graph, out_dir: str | Pa
     t0 = time.perf_counter()
     say("C compilation")
     with output_errors(out), StagedBuild(out, name) as staged:
-        build_id = staged.build(lib, target.flags, extra_cflags,
+        build_id = staged.build(lib, tgt, extra_cflags,
                                 progress=lambda line: say(f"C compilation {line}"))
         cpp = {f"{name}.hpp": cpp_header(lib, cpp_class, source)} if cpp_class is not None else {}
-        info = {"target_cpu": target.cpu, "isa": target.isa, "profile": profile, "thread_pool": thread_pool,
+        info = {"target_cpu": tgt.cpu, "isa": tgt.isa.name, "target": tgt.metadata(), "profile": profile,
+                "thread_pool": thread_pool,
                 "memory": graph.memory.summary(), "build_id": build_id}
         staged.commit({**cpp, f"{name}.json": metadata(lib, graph, info).encode(),
                        f"{name}.cdef": (f"/* aotc build {build_id} */\n"

@@ -40,8 +40,9 @@ import cffi  # noqa: E402
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from aotc.codegen.gemm import ISAS, GemmSpec, pack_b, plan_gemm, render_gemm, scratch_bytes  # noqa: E402
+from aotc.codegen.gemm import GemmSpec, gemm_params, pack_b, plan_gemm, render_gemm, scratch_bytes  # noqa: E402
 from aotc.codegen.library import env  # noqa: E402
+from aotc.target import L1D_BYTES, L2_BYTES  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,15 +172,16 @@ def main() -> None:
     args = ap.parse_args()
     if args.threads < 1:
         ap.error("--threads must be >= 1")
-    overrides = {k: v for k, v in (("kc", args.kc), ("mc", args.mc), ("nc", args.nc)) if v}
-    if overrides:
-        ISAS[args.isa] = dataclasses.replace(ISAS[args.isa], **overrides)
+    default = gemm_params(args.isa, L1D_BYTES, L2_BYTES)
+    blocking = ((args.kc or default.kc, args.mc or default.mc, args.nc or default.nc)
+                if args.kc or args.mc or args.nc else None)
     cases = [c for c in CASES + (EXTRA_CASES if args.all else []) if args.only in c.label]
     min_batch = 0.02 if args.quick else 0.1
     batches = args.batches or (7 if args.quick else 15)
     specs = [GemmSpec(f"g{i}", c.m, c.n, c.k, batch=c.batch, a_batch_stride=c.m * c.k,
                       b_batch_stride=0 if c.b_shared else c.k * c.n, c_batch_stride=c.m * c.n,
-                      trans_a=c.trans_a, trans_b=c.trans_b, b_const=c.b_const, isa=args.isa)
+                      trans_a=c.trans_a, trans_b=c.trans_b, b_const=c.b_const, isa=args.isa,
+                      blocking=blocking)
              for i, c in enumerate(cases)]
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as tmp:

@@ -16,6 +16,7 @@ from aotc.compiler import compile_model
 from aotc.ir.graph import Node, Value
 from aotc.ops import conv as conv_ops
 from aotc.ops import winograd
+from aotc.target import for_isa
 
 pytest.importorskip("onnxruntime")
 
@@ -47,7 +48,7 @@ def test_plan_choice() -> None:
     """F(4x4) for up to 128 channels on large planes, F(2x2) up to 256, the direct path beyond, and
     for what the transforms do not cover (strides, groups, few channels, small planes)."""
     def plan(x, wshape, pads=(1, 1, 1, 1)):
-        return winograd.winograd_plan(_geometry(x, wshape, list(pads)), "avx2")
+        return winograd.winograd_plan(_geometry(x, wshape, list(pads)), for_isa("avx2"))
 
     assert plan((1, 64, 56, 56), (64, 64, 3, 3)).m == 4
     assert plan((1, 128, 28, 28), (128, 128, 3, 3)).m == 4

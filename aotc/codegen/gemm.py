@@ -30,20 +30,24 @@ added to C.  Tasks split rows or columns, never K, so results are bit-identical 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
 import jinja2
 import numpy as np
 
-__all__ = ["GemmSpec", "IsaParams", "ISAS", "GemmPlan", "plan_gemm", "pack_b", "packed_b_shape",
+from aotc.isa import ISAS
+from aotc.target import L1D_BYTES, L2_BYTES
+
+__all__ = ["GemmSpec", "IsaParams", "gemm_params", "GemmPlan", "plan_gemm", "pack_b", "packed_b_shape",
            "scratch_bytes", "render_gemm"]
 
 
 @dataclass(frozen=True)
 class IsaParams:
-    """Register-level facts about one instruction set that the blocking depends on."""
+    """The register tile of one instruction set (``aotc.isa``) and the block sizes that the target's caches
+    give it: what the blocking depends on."""
 
     name: str
     lanes: int  # floats per vector register
@@ -51,7 +55,7 @@ class IsaParams:
     nv: int  # vectors per row of the register tile (NR = nv * lanes)
     acc_budget: int  # how many accumulator registers a kernel may use without spilling
     kc: int  # K block: a KC x NR micro-panel of B plus an MR x KC sliver of A fit in L1
-    mc: int  # M block: an MC x KC block of packed A fits in (half of) L2
+    mc: int  # M block: an MC x KC block of packed A fits in (a quarter of) L2
     nc: int  # N block: a KC x NC block of packed B fits in a share of L3
 
     @property
@@ -59,27 +63,28 @@ class IsaParams:
         return self.nv * self.lanes
 
 
-# Block sizes assume a 32 KiB L1d and >= 512 KiB L2 per core (Zen 3/4, Skylake-SP and later, Neoverse).
-# The KC x NR micro-panel of B that stays in L1 while the A row panels stream past it should fill at most
-# about half of L1: 256 x 16 floats = 16 KiB for avx2, 128 x 32 = 16 KiB for avx512 (its 32-wide panels).
-# The MC x KC block of packed A stays in L2 (avx2: 120 x 256 x 4 = 120 KiB, leaving room for the B block
-# streaming through); the KC x NC block of B is sized for a share of L3.
-# Tiles: avx2 6x16 = 12 ymm accumulators + 2 for B + 1 broadcast of the 16 registers; avx512 12x32 = 24 of
-# 32 zmm; neon 8x12 = 24 of 32 q registers; generic 4x8 with 16-byte vectors, which every target handles
-# (SSE2, NEON, or a scalar fallback).  avx2 values were checked on Zen 3 (benchmarks/gemm_kernel.py); the
-# others follow the same rules but are untuned.
-ISAS: dict[str, IsaParams] = {
-    "avx2": IsaParams("avx2", lanes=8, mr=6, nv=2, acc_budget=12, kc=256, mc=120, nc=3072),
-    "avx512": IsaParams("avx512", lanes=16, mr=12, nv=2, acc_budget=24, kc=128, mc=240, nc=3072),
-    "neon": IsaParams("neon", lanes=4, mr=8, nv=3, acc_budget=24, kc=256, mc=128, nc=3072),
-    "generic": IsaParams("generic", lanes=4, mr=4, nv=2, acc_budget=8, kc=256, mc=128, nc=3072),
-}
-
-# A of at most this many bytes is read in place rather than packed when tasks split columns (half of L2).
-A_IN_PLACE_BYTES = 256 * 1024
-# With such an A and a constant B, the K block is capped by this size of a KC x NR micro-panel of B
-# (K = 1024 on AVX2) instead of isa.kc.
+# The K block caps the passes over C that a long K makes; 256 measured best on Zen 3 (avx2).
+KC_MAX = 256
+# The KC x NC block of B is sized for a share of L3 (3 MiB at KC = 256), which the target does not model.
+NC = 3072
+# With an A read in place because it fits in half of L2 and a constant B (see plan_gemm), the K block is
+# capped by this size of a KC x NR micro-panel of B (K = 1024 on AVX2) instead of KC.
 SHARED_A_PANEL_BYTES = 64 * 1024
+
+
+def gemm_params(isa: str, l1d_bytes: int, l2_bytes: int) -> IsaParams:
+    """``isa``'s register tile (``aotc.isa``) with block sizes for a core with these caches.
+
+    KC: the KC x NR micro-panel of B that stays in L1 while the A row panels stream past it fills at most
+    half of L1 (32 KiB: 256 x 16 floats = 16 KiB for avx2, 128 x 32 for avx512's 32-wide panels), up to
+    KC_MAX. MC: whole pairs of row panels whose MC x KC block of packed A fills at most a quarter of L2,
+    leaving room for the B block streaming through (512 KiB: 120 rows x 256 for avx2, 120 KiB; pairs keep
+    that tuned value).
+    """
+    e = ISAS[isa]
+    kc = max(1, min(KC_MAX, l1d_bytes // 2 // (4 * e.gemm_nr)))
+    mc = max(2 * e.gemm_mr, l2_bytes // 4 // (4 * kc) // (2 * e.gemm_mr) * (2 * e.gemm_mr))
+    return IsaParams(isa, e.lanes, e.gemm_mr, e.gemm_nv, e.acc_budget, kc, mc, NC)
 
 
 @dataclass(frozen=True)
@@ -101,7 +106,11 @@ class GemmSpec:
     trans_a: bool = False  # A stored as [K, M] instead of [M, K]
     trans_b: bool = False  # B stored as [N, K] instead of [K, N]
     b_const: bool = False  # B is a compile-time constant, passed to the kernel as pack_b()'s output
-    isa: str = "avx2"  # "avx512" | "avx2" | "neon" | "generic"
+    isa: str = "avx2"  # an aotc.isa.ISAS key: "avx512" | "avx2" | "neon" | "generic"
+    l1d_bytes: int = L1D_BYTES  # the target's caches, which the block sizes derive from (aotc.target)
+    l2_bytes: int = L2_BYTES
+    # (KC, MC, NC) caps replacing the cache-derived ones, for tuning (benchmarks/gemm_kernel.py).
+    blocking: tuple[int, int, int] | None = None
 
     def __post_init__(self) -> None:
         if not self.fn.isidentifier() or not self.fn.isascii():
@@ -158,7 +167,9 @@ def _balanced(total: int, cap: int, mult: int) -> int:
 
 def plan_gemm(spec: GemmSpec) -> GemmPlan:
     """Choose block sizes and code paths for ``spec`` (pure function of the spec)."""
-    isa = ISAS[spec.isa]
+    isa = gemm_params(spec.isa, spec.l1d_bytes, spec.l2_bytes)
+    if spec.blocking is not None:
+        isa = replace(isa, kc=spec.blocking[0], mc=spec.blocking[1], nc=spec.blocking[2])
     mr, nr = isa.mr, isa.nr
     small_m = spec.m <= mr
     direct_b = small_m and not spec.b_const and not spec.trans_b
@@ -177,7 +188,7 @@ def plan_gemm(spec: GemmSpec) -> GemmPlan:
     # element is read once or twice anyway, so the kernel reads A in place.  So it does when tasks split
     # columns, all of M is one block and A fits in half of L2 (the MLP layers at batch 64): A stays in L2
     # either way, and every task would pack the same A again (2.3% of the 64x784x512 layer on 2 threads).
-    shared_a = not split_m and spec.m <= mc and spec.m * spec.k * 4 <= A_IN_PLACE_BYTES
+    shared_a = not split_m and spec.m <= mc and spec.m * spec.k * 4 <= spec.l2_bytes // 2
     # With one row panel, a B micro-panel is used exactly once, so K blocking buys no reuse: take all of
     # K at once (fewer passes over C), unless B must be packed at run time (bounded scratch).
     if small_m and (spec.b_const or direct_b):
@@ -206,7 +217,7 @@ def plan_gemm(spec: GemmSpec) -> GemmPlan:
 
 def packed_b_shape(spec: GemmSpec) -> tuple[int, int, int, int]:
     """Shape of :func:`pack_b`'s result: (batches, panels, K, NR)."""
-    nr = ISAS[spec.isa].nr
+    nr = ISAS[spec.isa].gemm_nr
     nb = spec.batch if spec.b_batch_stride else 1
     return (nb, _ceil_div(spec.n, nr), spec.k, nr)
 
@@ -334,7 +345,7 @@ def render_gemm(spec: GemmSpec, epilogue: str = "", extra_params: str = "") -> s
             names["k_edge_part"] = kernel(me, 1, plan.direct_b, kv_part)
     nb_packed = packed_b_shape(spec)
     ctx = dict(
-        spec=spec, plan=plan, isa=isa, mr=mr, nr=nr, lanes=isa.lanes,
+        spec=spec, plan=plan, isa=isa, vec=ISAS[spec.isa], mr=mr, nr=nr, lanes=isa.lanes,
         M=spec.m, N=spec.n, K=spec.k, KC=plan.kc, MC=plan.mc, NC=plan.nc,
         me=me, np_e=np_e, ne=ne, ars=ars, aks=aks, bps=bps, nshort=nshort, nfull=nfull,
         kernels=list(kernels.values()), **names,

@@ -28,6 +28,7 @@ from aotc.ops import OPS, expand_depthwise, winograd
 from aotc.ops import conv as conv_ops
 from aotc.ops import norm as norm_ops
 from aotc.passes.fuse import Kernel
+from aotc.target import Target, for_isa
 
 
 @dataclass
@@ -88,7 +89,7 @@ def _external(k: Kernel) -> tuple[list[tuple[Value, str]], list[str], dict[int, 
     return args, names, ptrs
 
 
-def matmul_spec(mm: Node, isa: str, fn: str = "gemm") -> gemm_gen.GemmSpec | None:
+def matmul_spec(mm: Node, target: Target, fn: str = "gemm") -> gemm_gen.GemmSpec | None:
     """The GEMM template's spec for MatMul node ``mm``; None when the naive loop computes it (other
     dtypes, empty operands, batch dims that broadcast on both sides)."""
     a, b = mm.inputs[0], mm.inputs[1]
@@ -111,49 +112,50 @@ def matmul_spec(mm: Node, isa: str, fn: str = "gemm") -> gemm_gen.GemmSpec | Non
             return None
     return gemm_gen.GemmSpec(fn=fn, m=m, n=n, k=kk, batch=nb, a_batch_stride=strides[0],
                              b_batch_stride=strides[1], c_batch_stride=m * n if nb > 1 else 0,
-                             b_const=b.is_const, isa=isa)
+                             b_const=b.is_const, isa=target.isa.name, l1d_bytes=target.l1d_bytes,
+                             l2_bytes=target.l2_bytes)
 
 
-def gemm_spec(k: Kernel, isa: str, fn: str = "gemm") -> gemm_gen.GemmSpec | None:
+def gemm_spec(k: Kernel, target: Target, fn: str = "gemm") -> gemm_gen.GemmSpec | None:
     """The GEMM template's spec for a MatMul kernel; None when the naive loop is used."""
     assert k.gemm is not None
-    return matmul_spec(k.gemm, isa, fn)
+    return matmul_spec(k.gemm, target, fn)
 
 
 def takes_epilogue(mm: Node, out: Value) -> bool:
     """Whether MatMul ``mm`` can be emitted with a fused elementwise epilogue whose result is ``out``:
     only the GEMM template has one (the naive loop has none), and it stores float32. The fusion pass
     asks this before fusing, so it never builds a kernel the emitter cannot write."""
-    return out.dtype == np.float32 and out.shape == mm.outputs[0].shape and matmul_spec(mm, "generic") is not None
+    return out.dtype == np.float32 and out.shape == mm.outputs[0].shape and matmul_spec(mm, for_isa()) is not None
 
 
-def scratch_bytes(k: Kernel, isa: str, ntasks: int) -> int:
+def scratch_bytes(k: Kernel, target: Target, ntasks: int) -> int:
     if k.kind == "conv" and k.expand is not None:
         assert k.conv is not None
         geo = conv_ops.geometry
-        return expand_depthwise.scratch_floats(geo(k.expand), geo(k.conv), isa) * 4 * ntasks
+        return expand_depthwise.scratch_floats(geo(k.expand), geo(k.conv), target) * 4 * ntasks
     if k.kind == "conv":
         assert k.conv is not None
-        path = conv_ops.conv_path(k.conv, isa)
-        return conv_ops.conv_scratch_floats(conv_ops.geometry(k.conv), path, isa) * 4 * ntasks
+        path = conv_ops.conv_path(k.conv, target)
+        return conv_ops.conv_scratch_floats(conv_ops.geometry(k.conv), path, target) * 4 * ntasks
     if k.kind == "op":
         fn = OPS[k.root.op].scratch
         return 0 if fn is None else fn(k.root) * ntasks
     if k.kind != "gemm":
         return 0
-    spec = gemm_spec(k, isa)
+    spec = gemm_spec(k, target)
     return 0 if spec is None else gemm_gen.scratch_bytes(spec, ntasks)
 
 
-def emit_kernel(k: Kernel, fn: str, isa: str) -> KernelSource:
+def emit_kernel(k: Kernel, fn: str, target: Target) -> KernelSource:
     if k.kind == "loop":
         args, names, ptrs = _external(k)
         body, finish = emit_loop_kernel(k, ptrs)
         return _function(fn, k, args, names, body, scratch=finish is not None, finish=finish)
     if k.kind == "gemm":
-        return _emit_gemm(k, fn, isa)
+        return _emit_gemm(k, fn, target)
     if k.kind == "conv":
-        return _emit_conv(k, fn, isa)
+        return _emit_conv(k, fn, target)
     if k.root.op == "LayerNormalization" and len(k.nodes) > 1:  # its input chain fused (passes/fuse.py)
         return _emit_fused_layernorm(k, fn)
     node = k.root
@@ -164,15 +166,15 @@ def emit_kernel(k: Kernel, fn: str, isa: str) -> KernelSource:
     args = [(v, "in") for v in ins] + [(v, "out") for v in node.outputs]
     names = [f"in{i}" for i in range(len(ins))] + [f"out{i}" for i in range(len(node.outputs))]
     body = op.emit(node, names[:len(ins)], names[len(ins):], dtypes.c_type(node.outputs[0].dtype))
-    return _function(fn, k, args, names, body, scratch=scratch_bytes(k, isa, 1) > 0)
+    return _function(fn, k, args, names, body, scratch=scratch_bytes(k, target, 1) > 0)
 
 
-def _emit_gemm(k: Kernel, fn: str, isa: str) -> KernelSource:
+def _emit_gemm(k: Kernel, fn: str, target: Target) -> KernelSource:
     mm = k.gemm
     assert mm is not None
     a, b = mm.inputs[0], mm.inputs[1]
     out = k.outputs[0]
-    spec = gemm_spec(k, isa, fn=f"{fn}_gemm")
+    spec = gemm_spec(k, target, fn=f"{fn}_gemm")
     args, names, ptrs = _external(k)
     if spec is None:
         return _naive_matmul(k, fn, args, names, ptrs)
@@ -297,7 +299,7 @@ def _conv_epilogue(k: Kernel, ptrs: dict[int, str], conv: Value, out: Value) -> 
     return ["{", *em.render("epilogue", addr), f"v = {root};", "}"]
 
 
-def _emit_conv(k: Kernel, fn: str, isa: str) -> KernelSource:
+def _emit_conv(k: Kernel, fn: str, target: Target) -> KernelSource:
     """A Conv with its elementwise consumer chain applied to each output value ``v`` before the store."""
     node = k.conv
     assert node is not None
@@ -307,41 +309,41 @@ def _emit_conv(k: Kernel, fn: str, isa: str) -> KernelSource:
     out = k.outputs[0]
     epi = _conv_epilogue(k, ptrs, node.outputs[0], out)
     if k.expand is not None:
-        return _emit_expand_depthwise(k, fn, isa, args, names, ptrs, epi)
-    path = conv_ops.conv_path(node, isa)
+        return _emit_expand_depthwise(k, fn, target, args, names, ptrs, epi)
+    path = conv_ops.conv_path(node, target)
     packed = None
     if path in ("tiled", "rows", "winograd"):  # weights packed at compile time into the kernel's layout
         g = conv_ops.geometry(node)
         bc = None if b is None else b.const
-        rows = conv_ops.rows_plan(g, isa) if path == "rows" else None
+        rows = conv_ops.rows_plan(g, target) if path == "rows" else None
         if path == "winograd":
-            arr = winograd.pack_winograd_weights(w.const, bc, g, winograd.winograd_plan(g, isa))
+            arr = winograd.pack_winograd_weights(w.const, bc, g, winograd.winograd_plan(g, target))
         elif rows is not None:
             arr = conv_ops.pack_rows_weights(w.const, bc, g, rows[0])
         else:
-            arr = conv_ops.pack_conv_weights(w.const, bc, g, conv_ops.tile_plan(g, isa))
+            arr = conv_ops.pack_conv_weights(w.const, bc, g, conv_ops.tile_plan(g, target))
         args.append((Graph.constant(arr, f"{w.name}_packed"), "in"))
         names.append("in_packed")
         packed = "in_packed"
     bname = ptrs[id(b)] if b is not None else None
-    helpers, body = conv_ops.conv_kernel(node, ptrs[id(x)], ptrs[id(w)], bname, ptrs[id(out)], isa, fn,
+    helpers, body = conv_ops.conv_kernel(node, ptrs[id(x)], ptrs[id(w)], bname, ptrs[id(out)], target, fn,
                                          epi, packed)
-    return _function(fn, k, args, names, body, scratch=scratch_bytes(k, isa, 1) > 0, helpers=helpers)
+    return _function(fn, k, args, names, body, scratch=scratch_bytes(k, target, 1) > 0, helpers=helpers)
 
 
-def _emit_expand_depthwise(k: Kernel, fn: str, isa: str, args: list[tuple[Value, str]], names: list[str],
+def _emit_expand_depthwise(k: Kernel, fn: str, target: Target, args: list[tuple[Value, str]], names: list[str],
                            ptrs: dict[int, str], epi: list[str] | None) -> KernelSource:
     """A depthwise Conv with the expanding 1x1 Conv that computes its input (passes/fuse.py)."""
     ex, dw = k.expand, k.conv
     assert ex is not None and dw is not None
     ge, gd = conv_ops.geometry(ex), conv_ops.geometry(dw)
-    arr = expand_depthwise.pack_weights(ex, isa)
+    arr = expand_depthwise.pack_weights(ex, target)
     args.append((Graph.constant(arr, f"{ex.inputs[1].name}_packed"), "in"))
     names.append("in_packed")
     epi_e = _conv_epilogue(k, ptrs, ex.outputs[0], dw.inputs[0])
     bd = dw.inputs[2] if len(dw.inputs) > 2 else None
     helpers, body = expand_depthwise.kernel(ge, gd, ptrs[id(ex.inputs[0])], "in_packed", ptrs[id(dw.inputs[1])],
-                                            None if bd is None else ptrs[id(bd)], ptrs[id(k.outputs[0])], isa,
+                                            None if bd is None else ptrs[id(bd)], ptrs[id(k.outputs[0])], target,
                                             epi_e, epi, fn)
     return _function(fn, k, args, names, body, scratch=True, helpers=helpers)
 

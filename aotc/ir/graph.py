@@ -70,8 +70,6 @@ class Graph:
         self.dynamic_inputs: dict[str, str] = {}
         # Set by the fusion pass: the kernels in execution order (aotc.passes.fuse.Kernel).
         self.kernels: list[Any] = []
-        # Code-generation target, read by passes that size target-specific scratch buffers.
-        self.isa: str = "generic"
         # Set by the memory planner (aotc.passes.memory.MemoryPlan).
         self.memory: Any = None
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -41,6 +42,9 @@ from aotc.errors import AotcError
 from aotc.ir.graph import Node
 from aotc.ops.common import lowest
 from aotc.ops.registry import OpDef, register
+
+if TYPE_CHECKING:
+    from aotc.target import Target
 
 
 @dataclass(frozen=True)
@@ -329,28 +333,6 @@ def _needs_pad(g: Geometry) -> bool:
     return any(g.pb) or any(g.pe)
 
 
-# Vector primitives per ISA (the GEMM template's choice of intrinsics); lanes, accumulator budget.
-_VEC = {
-    "avx2": dict(lanes=8, budget=12, vt="__m256", include="#include <immintrin.h>",
-                 target='__attribute__((target("avx2,fma"))) ',
-                 load="_mm256_loadu_ps({p})", bcast="_mm256_broadcast_ss({p})",
-                 fma="_mm256_fmadd_ps({x}, {y}, {a})", store="_mm256_storeu_ps({p}, {v})"),
-    "avx512": dict(lanes=16, budget=24, vt="__m512", include="#include <immintrin.h>",
-                   target='__attribute__((target("avx512f"))) ',
-                   load="_mm512_loadu_ps({p})", bcast="_mm512_set1_ps(*({p}))",
-                   fma="_mm512_fmadd_ps({x}, {y}, {a})", store="_mm512_storeu_ps({p}, {v})"),
-    "neon": dict(lanes=4, budget=24, vt="float32x4_t", include="#include <arm_neon.h>", target="",
-                 load="vld1q_f32({p})", bcast="vld1q_dup_f32({p})",
-                 fma="vfmaq_f32({a}, {x}, {y})", store="vst1q_f32({p}, {v})"),
-    "generic": dict(lanes=4, budget=8, vt="aotc_conv_v4f", target="",
-                    include=("#ifndef AOTC_CONV_V4F\n#define AOTC_CONV_V4F\n"
-                             "typedef float aotc_conv_v4f __attribute__((vector_size(16)));\n#endif"),
-                    load="({{ aotc_conv_v4f t_; memcpy(&t_, {p}, 16); t_; }})",
-                    bcast="((aotc_conv_v4f){{0, 0, 0, 0}} + *({p}))",
-                    fma="({a} + {x} * {y})", store="memcpy({p}, &({v}), 16)"),
-}
-
-
 @dataclass(frozen=True)
 class TilePlan:
     cb: int      # output channels per block (nv vectors)
@@ -359,18 +341,18 @@ class TilePlan:
     lanes: int
 
 
-def tile_plan(g: Geometry, isa: str) -> TilePlan:
-    pw = pointwise_plan(g, isa)
+def tile_plan(g: Geometry, target: Target) -> TilePlan:
+    pw = pointwise_plan(g, target)
     if pw is not None:
         return pw
-    vec = _VEC.get(isa, _VEC["generic"])
-    lanes = vec["lanes"]
+    vec = target.isa
+    lanes = vec.lanes
     mg = g.m // g.group
     # Two vectors at most: 3 positions x 4 vectors (MobileNetV2's 32-channel stem read once instead
     # of twice) measured 18% slower than 2 blocks of 5 x 2 (the layer alone, 1 thread).
     nv = 1 if mg <= lanes else 2
-    rmax = min(vec["budget"] // nv, 8, g.out_size)
-    if isa == "avx2" and nv == 2:
+    rmax = min(vec.acc_budget // nv, 8, g.out_size)
+    if vec.registers == 16 and nv == 2:
         # 6 x 2 accumulators leave the 2 weight vectors and the broadcast 3 of the 16 registers, and
         # GCC then reloads weights into FMAs and spills; 5 x 2 measured 5-7% faster on ResNet-18's
         # 3x3 convs (64 channels, 56x56) and 7x7 stem as single layers, 1-3% in the model.
@@ -394,74 +376,74 @@ def pack_conv_weights(w: np.ndarray, b: np.ndarray | None, g: Geometry, plan: Ti
     return np.concatenate([packed.reshape(-1), bias.reshape(-1)])
 
 
-def conv_scratch_floats(g: Geometry, path: str, isa: str) -> int:
+def conv_scratch_floats(g: Geometry, path: str, target: Target) -> int:
     """Scratch floats per task: the zero-padded input planes of the tiled path, the input panels of
     the 1x1 path."""
     if path == "rows":
-        plan = rows_plan(g, isa)
+        plan = rows_plan(g, target)
         assert plan is not None
         pv = plan[1] * plan[2]
         if not _rows_pack(g, plan):
             return 0
-        return _rows_chunk(g, g.c // g.group, pv) * (g.c // g.group)
+        return _rows_chunk(g, g.c // g.group, pv, target) * (g.c // g.group)
     if path == "depthwise":
         return _phase_scratch(g) if _use_phase(g) else 0
     if path == "winograd":
         wg = _winograd()
-        return wg.winograd_scratch_floats(g, wg.winograd_plan(g, isa))
-    if path == "tiled" and (pw := pointwise_plan(g, isa)) is not None:
-        return 2 * pw.cb * _pointwise_chunk(g, pw)[1]
+        return wg.winograd_scratch_floats(g, wg.winograd_plan(g, target))
+    if path == "tiled" and (pw := pointwise_plan(g, target)) is not None:
+        return 2 * pw.cb * _pointwise_chunk(g, pw, target)[1]
     if path != "tiled":
         return 0
-    plan = tile_plan(g, isa)
-    sums = _tiled_chunks(g, plan.r)[0] * plan.cb if _ci_block(g, plan) < g.c // g.group else 0
+    plan = tile_plan(g, target)
+    sums = _tiled_chunks(g, plan.r, target)[0] * plan.cb if _ci_block(g, plan, target) < g.c // g.group else 0
     pad = (math.prod(_padded_dims(g)) + 15) // 16 * 16 * (g.c // g.group) if _needs_pad(g) else 0
-    if _tiled_vector_out(g, plan, isa):
-        q = _tiled_out_chunk(plan)
+    if _tiled_vector_out(g, plan, target):
+        q = _tiled_out_chunk(plan, target)
         sums += (q + plan.r) * plan.cb + plan.cb * q
     return pad + sums
 
 
-def _tiled_vector_out(g: Geometry, plan: TilePlan, isa: str) -> bool:
+def _tiled_vector_out(g: Geometry, plan: TilePlan, target: Target) -> bool:
     """Whether the tiled path writes its tiles out through 8x8 transposes (AVX2) rather than one
     scalar store per output, strided by the plane: on MobileNetV2's stem (27 MACs per output) the
     scalar write-out took about as long as the sums."""
-    return isa == "avx2" and _ci_block(g, plan) == g.c // g.group
+    return _lanes_of_8x8(target) and _ci_block(g, plan, target) == g.c // g.group
 
 
-def _tiled_out_chunk(plan: TilePlan) -> int:
+def _tiled_out_chunk(plan: TilePlan, target: Target) -> int:
     """Positions per write-out step of the tiled path: whole tiles and whole 8x8 transposes, the
-    position-major sums and their transpose within about 16 KB."""
+    position-major sums and their transpose within half of L1 (16 KB)."""
     step = plan.r * 8
-    return max(step, 2048 // plan.cb // step * step)
+    return max(step, target.l1d_bytes // 16 // plan.cb // step * step)
 
 
-def _tiled_chunks(g: Geometry, r: int) -> tuple[int, int]:
+def _tiled_chunks(g: Geometry, r: int, target: Target) -> tuple[int, int]:
     """(positions per chunk, chunks) of the tiled path: chunks of (nearly) equal size, multiples of the
-    tile height, whose input fits in L2 (a short last chunk would leave one task almost idle)."""
+    tile height, whose input fits in half of L2 (a short last chunk would leave one task almost idle)."""
     os_ = g.out_size
-    cap = max(r, min(os_, 65536 // max(1, (g.c // g.group) * g.s[1] * g.s[2])) // r * r)
+    cap = max(r, min(os_, target.l2_bytes // 8 // max(1, (g.c // g.group) * g.s[1] * g.s[2])) // r * r)
     nch = -(-os_ // cap)
     per_chunk = -(-os_ // nch)
     chunk = -(-per_chunk // r) * r
     return chunk, -(-os_ // chunk)
 
 
-def _ci_block(g: Geometry, plan: TilePlan) -> int:
-    """Input channels per pass of the tiled path. A channel block's weights beyond 64 KB (ResNet's
-    512-channel 3x3 convs: 295 KB) do not stay in L2 beside the input while every tile of the chunk
+def _ci_block(g: Geometry, plan: TilePlan, target: Target) -> int:
+    """Input channels per pass of the tiled path. A channel block's weights beyond an eighth of L2, 64 KB
+    (ResNet's 512-channel 3x3 convs: 295 KB), do not stay in L2 beside the input while every tile of the chunk
     rereads them, so the sum runs over blocks of 64 input channels (36 KB of 3x3 weights), each swept
     over all tiles, the partial sums kept in scratch. Stored and reloaded floats are exact, so the
     result is the same bits as one pass."""
     cg = g.c // g.group
-    return cg if cg * g.taps * plan.cb * 4 <= 65536 else 64
+    return cg if cg * g.taps * plan.cb * 4 <= target.l2_bytes // 8 else 64
 
 
-def _tiled_conv(g: Geometry, x: str, packed: str, y: str, isa: str, epi: Epilogue | None,
+def _tiled_conv(g: Geometry, x: str, packed: str, y: str, target: Target, epi: Epilogue | None,
                 fn: str) -> tuple[str, str]:
     """(helpers, body) of the register-tiled float32 conv; see the module docstring."""
-    vec = _VEC.get(isa, _VEC["generic"])
-    plan = tile_plan(g, isa)
+    vec = target.isa
+    plan = tile_plan(g, target)
     cg, mg = g.c // g.group, g.m // g.group
     nb = -(-mg // plan.cb)
     cb, nv, R, L = plan.cb, plan.nv, plan.r, plan.lanes
@@ -472,17 +454,14 @@ def _tiled_conv(g: Geometry, x: str, packed: str, y: str, isa: str, epi: Epilogu
     OS, OH, OW = g.out_size, g.out[1], g.out[2]
     bias_off = g.group * nb * cg * g.taps * cb
 
-    def V(fmt: str, **kw: str) -> str:
-        return vec[fmt].format(**kw)
-
     # Micro-kernel: R positions (window starts xo[r]) x CB channels, summed over ci and taps.
     # ``init`` holds the starting sums: the bias (istride 0, the same for every position) or the
     # partial sums of earlier input-channel blocks (istride CB). ``tile`` may alias ``init``.
     # Not inlined (nor the 1x1 kernel's): its registers are then allocated apart from the write-out
     # loop's constants (see _pointwise_conv).
-    mk = [f"{vec['target']}static __attribute__((noinline)) void {fn}(const float *xp, const size_t *xo, "
+    mk = [f"{vec.attribute}static __attribute__((noinline)) void {fn}(const float *xp, const size_t *xo, "
           f"const float *wp, const float *init, size_t istride, float *tile, size_t nci) {{"]
-    mk += [f"  {vec['vt']} a{r}_{j} = {V('load', p=f'init + {r} * istride + {j * L}')};"
+    mk += [f"  {vec.vtype} a{r}_{j} = {vec.vload(f'init + {r} * istride + {j * L}')};"
            for r in range(R) for j in range(nv)]
     mk += [f"  const float *restrict x{r} = xp + xo[{r}];" for r in range(R)]
     # Up to 16 taps are unrolled (constant address offsets); larger kernels loop over kernel rows
@@ -503,25 +482,25 @@ def _tiled_conv(g: Geometry, x: str, packed: str, y: str, isa: str, epi: Epilogu
         steps = [(f"wc + {t * cb}", f"o + {t * g.d[2]}") for t in range(kw)]
     for wv, xo in steps:
         mk.append("    {")
-        mk += [f"      const {vec['vt']} w{j} = {V('load', p=f'{wv} + {j * L}')};" for j in range(nv)]
+        mk += [f"      const {vec.vtype} w{j} = {vec.vload(f'{wv} + {j * L}')};" for j in range(nv)]
         for r in range(R):
-            mk.append(f"      {{ const {vec['vt']} xb = {V('bcast', p=f'x{r} + {xo}')};")
-            mk += [f"        a{r}_{j} = {V('fma', x='xb', y=f'w{j}', a=f'a{r}_{j}')};" for j in range(nv)]
+            mk.append(f"      {{ const {vec.vtype} xb = {vec.vbcast(f'x{r} + {xo}')};")
+            mk += [f"        a{r}_{j} = {vec.vfma(f'a{r}_{j}', 'xb', f'w{j}')};" for j in range(nv)]
             mk.append("      }")
         mk.append("    }")
     if len(taps) > 16:
         mk.append("    }")
     mk.append("  }")
-    mk += [f"  {V('store', p=f'tile + {(r * nv + j) * L}', v=f'a{r}_{j}')};" for r in range(R) for j in range(nv)]
+    mk += [f"  {vec.vstore(f'tile + {(r * nv + j) * L}', f'a{r}_{j}')};" for r in range(R) for j in range(nv)]
     mk.append("}")
-    helpers = vec["include"] + "\n" + "\n".join(mk) + "\n"
+    helpers = vec.include + "\n" + "\n".join(mk) + "\n"
 
     pad = _needs_pad(g)
-    per_task = conv_scratch_floats(g, "tiled", isa)
+    per_task = conv_scratch_floats(g, "tiled", target)
     # Work units are (batch, group, spatial chunk, channel block), block fastest: a task sweeps every
     # channel block over one chunk of output positions while that chunk's input stays in L2.
-    chunk, nch = _tiled_chunks(g, R)
-    cib = _ci_block(g, plan)
+    chunk, nch = _tiled_chunks(g, R, target)
+    cib = _ci_block(g, plan, target)
     units = g.n * g.group * nch * nb
     body = [f"const size_t blk = t % {nb}, ch = t / {nb} % {nch}, grp = t / {nb * nch} % {g.group}, "
             f"n = t / {nb * nch * g.group};",
@@ -564,11 +543,11 @@ def _tiled_conv(g: Geometry, x: str, packed: str, y: str, isa: str, epi: Epilogu
                  "  }", "}",
                  *tiles,
                  f"  const float *tile = sums + k * {R * cb};"]
-    elif _tiled_vector_out(g, plan, isa):
+    elif _tiled_vector_out(g, plan, target):
         # Steps of Q positions: the tiles go to a position-major buffer (R rows of headroom in front
         # for the last tile, moved back to overlap), 8x8 transposes turn it into one row per channel,
         # and the epilogue runs over contiguous positions, which GCC vectorizes.
-        Q = _tiled_out_chunk(plan)
+        Q = _tiled_out_chunk(plan, target)
         body += [f"for (size_t q0 = ch * {chunk}; q0 < send; q0 += {Q}) {{",
                  f"  const size_t len = send - q0 < {Q} ? send - q0 : {Q};",
                  f"  for (size_t p = 0; p < len; p += {R}) {{",
@@ -595,7 +574,7 @@ def _tiled_conv(g: Geometry, x: str, packed: str, y: str, isa: str, epi: Epilogu
         body += [f"float tile[{R * cb}] __attribute__((aligned(64)));",
                  *tiles, *offsets,
                  f"  {fn}(xp, xo, wp, bias, 0, tile, {cg});"]
-    if not _tiled_vector_out(g, plan, isa):
+    if not _tiled_vector_out(g, plan, target):
         body += [f"  for (size_t r = 0; r < {R}; r++) {{",
                  "    const size_t s = sb + r;",
                  "    for (size_t j = 0; j < cn; j++) {",
@@ -610,24 +589,24 @@ def _tiled_conv(g: Geometry, x: str, packed: str, y: str, isa: str, epi: Epilogu
                 " (void)t1;\n")
     if cib < cg:
         head += f"float *restrict sums = scratch + task * (size_t){per_task} + {per_task - chunk * cb};\n"
-    if _tiled_vector_out(g, plan, isa):  # the last (Q + R + Q) * CB floats of the task's scratch
-        Q = _tiled_out_chunk(plan)
+    if _tiled_vector_out(g, plan, target):  # the last (Q + R + Q) * CB floats of the task's scratch
+        Q = _tiled_out_chunk(plan, target)
         head += (f"float *restrict acc = scratch + task * (size_t){per_task} + {per_task - Q * cb - Q * cb};\n"
                  f"float *restrict tb = acc + {Q * cb};\n")
     return helpers, head + _task_loop(units, "\n".join("  " + ln for ln in body))
 
 
-def rows_plan(g: Geometry, isa: str) -> tuple[int, int, int] | None:
+def rows_plan(g: Geometry, target: Target) -> tuple[int, int, int] | None:
     """(MB, NV, lanes) of the 1x1 path -- MB output channels x NV vectors of positions per register
     tile -- or None when the conv is not a stride-1 unpadded 1x1 conv with enough positions."""
-    vec = _VEC.get(isa, _VEC["generic"])
-    lanes, os_ = vec["lanes"], g.out_size
+    vec = target.isa
+    lanes, os_ = vec.lanes, g.out_size
     if g.taps != 1 or any(v != 1 for v in g.s) or _needs_pad(g) or os_ < lanes:
         return None
     # Tile shape (MB channels x NV vectors of positions): the least work -- padded channels times
     # padded positions (the last tile overlaps) -- per unit of throughput, which drops when the tile
     # has too few accumulators to hide the FMA latency or too many loads per FMA.
-    mg, budget = g.m // g.group, vec["budget"]
+    mg, budget = g.m // g.group, vec.acc_budget
 
     def cost(t: tuple[int, int]) -> float:
         mb, nv = t
@@ -651,43 +630,40 @@ def pack_rows_weights(w: np.ndarray, b: np.ndarray | None, g: Geometry, mb: int)
     return np.concatenate([packed.reshape(-1), bias.reshape(-1)])
 
 
-def bcast_tile_kernel(isa: str, fn: str, mb: int, nv: int, xstride: int, ystride: int, k: str,
+def bcast_tile_kernel(target: Target, fn: str, mb: int, nv: int, xstride: int, ystride: int, k: str,
                       inline: bool = True) -> str:
     """C function ``fn(x, w, init, y, nk)``: a register tile of MB rows (weights broadcast) x NV
     vectors, y[i][v] = init[i] + sum over k < ``k`` (a C expression, may use nk) of w[k][i] * x[k][v],
     with x rows ``xstride`` and y rows ``ystride`` floats apart and w packed [k][MB]."""
-    vec = _VEC.get(isa, _VEC["generic"])
-    vt, L = vec["vt"], vec["lanes"]
-
-    def V(fmt: str, **kw: str) -> str:
-        return vec[fmt].format(**kw)
+    vec = target.isa
+    vt, L = vec.vtype, vec.lanes
 
     # Not inlined (the Winograd GEMMs): registers are then allocated apart from the caller's loops.
-    mk = [f"{vec['target']}static {'inline' if inline else '__attribute__((noinline))'} void {fn}("
+    mk = [f"{vec.attribute}static {'inline' if inline else '__attribute__((noinline))'} void {fn}("
           "const float *restrict x, const float *restrict w, const float *restrict init, float *restrict y, "
           "size_t nk) {", "  (void)nk;"]
-    mk += [f"  {vt} a{i}_{j} = {V('bcast', p=f'init + {i}')};" for i in range(mb) for j in range(nv)]
+    mk += [f"  {vt} a{i}_{j} = {vec.vbcast(f'init + {i}')};" for i in range(mb) for j in range(nv)]
     mk += [f"  for (size_t ci = 0; ci < {k}; ci++) {{",
            f"    const float *restrict xr = x + ci * {xstride};",
            f"    const float *restrict wr = w + ci * {mb};"]
-    mk += [f"    const {vt} x{j} = {V('load', p=f'xr + {j * L}')};" for j in range(nv)]
+    mk += [f"    const {vt} x{j} = {vec.vload(f'xr + {j * L}')};" for j in range(nv)]
     for i in range(mb):
-        mk.append(f"    {{ const {vt} wb = {V('bcast', p=f'wr + {i}')};")
-        mk += [f"      a{i}_{j} = {V('fma', x='wb', y=f'x{j}', a=f'a{i}_{j}')};" for j in range(nv)]
+        mk.append(f"    {{ const {vt} wb = {vec.vbcast(f'wr + {i}')};")
+        mk += [f"      a{i}_{j} = {vec.vfma(f'a{i}_{j}', 'wb', f'x{j}')};" for j in range(nv)]
         mk.append("    }")
     mk.append("  }")
-    mk += [f"  {V('store', p=f'y + {i * ystride + j * L}', v=f'a{i}_{j}')};" for i in range(mb) for j in range(nv)]
+    mk += [f"  {vec.vstore(f'y + {i * ystride + j * L}', f'a{i}_{j}')};" for i in range(mb) for j in range(nv)]
     mk.append("}")
     return "\n".join(mk)
 
 
-def _rows_conv(g: Geometry, x: str, packed: str, y: str, isa: str, epi: Epilogue | None,
+def _rows_conv(g: Geometry, x: str, packed: str, y: str, target: Target, epi: Epilogue | None,
                fn: str) -> tuple[str, str]:
     """1x1 stride-1 conv as Y[co, s] = W[co, ci] X[ci, s]: a register tile of MB channels (weights
     broadcast) x NV vectors of consecutive positions, stored to a local tile and copied into the
     output rows through the epilogue (measured faster than storing to the rows and re-reading)."""
-    vec = _VEC.get(isa, _VEC["generic"])
-    plan = rows_plan(g, isa)
+    vec = target.isa
+    plan = rows_plan(g, target)
     assert plan is not None
     mb, nv, L = plan
     pv = nv * L
@@ -697,9 +673,9 @@ def _rows_conv(g: Geometry, x: str, packed: str, y: str, isa: str, epi: Epilogue
     pack = _rows_pack(g, plan)
     xstride = pv if pack else g.in_size
 
-    helpers = vec["include"] + "\n" + bcast_tile_kernel(isa, fn, mb, nv, xstride, pv, str(cg)) + "\n"
+    helpers = vec.include + "\n" + bcast_tile_kernel(target, fn, mb, nv, xstride, pv, str(cg)) + "\n"
 
-    chunk = _rows_chunk(g, cg, pv)
+    chunk = _rows_chunk(g, cg, pv, target)
     nch = -(-OS // chunk)
     units = g.n * g.group * nch * nb
     wsize = g.group * nb * cg * mb
@@ -749,15 +725,25 @@ def _rows_conv(g: Geometry, x: str, packed: str, y: str, isa: str, epi: Epilogue
 # 8-15% slower (MobileNetV2's 960 -> 160 and 960 -> 320 convs).
 _PW_TILES = {1: 12, 2: 6, 3: 4, 4: 2}
 _PW_SPEED = {1: 0.8, 2: 1.0, 3: 0.98, 4: 0.95}   # relative speed per tile shape, see pointwise_plan
-# Weights per block of input channels (8 KB): 10-30% faster than 16 KB on 7x7 planes with 576 or 960
-# input channels (their input slice then stays in L1 too), the same elsewhere.
-_PW_BLOCK_FLOATS = 2048
 
 
-def pointwise_plan(g: Geometry, isa: str) -> TilePlan | None:
+def _lanes_of_8x8(target: Target) -> bool:
+    """Whether the ISA's vectors are the 8 lanes that AVX2's 8x8 transposes work on: the 1x1 kernel with
+    channels in the lanes and the tiled path's vector write-out are written (and measured) for them."""
+    return target.isa.shuffles256 and target.isa.lanes == 8
+
+
+def _pw_block_floats(target: Target) -> int:
+    """Weights per block of input channels of the 1x1 kernel: a quarter of L1 (8 KB), 10-30% faster than
+    16 KB on 7x7 planes with 576 or 960 input channels (their input slice then stays in L1 too), the
+    same elsewhere."""
+    return target.l1d_bytes // 16
+
+
+def pointwise_plan(g: Geometry, target: Target) -> TilePlan | None:
     """The plan of ``_pointwise_conv`` (a "tiled" conv specialized for 1x1), or None where it is not
     used: other ISAs (it needs AVX2's 8x8 transposes) and shapes the rows path does better."""
-    if isa != "avx2" or g.taps != 1 or any(v != 1 for v in g.s) or _needs_pad(g) or g.out_size < 8:
+    if not _lanes_of_8x8(target) or g.taps != 1 or any(v != 1 for v in g.s) or _needs_pad(g) or g.out_size < 8:
         return None
     mg, cg = g.m // g.group, g.c // g.group
     # MobileNetV2's 1x1 convs, 1 thread, this kernel against the rows path: those with fewer output
@@ -775,11 +761,11 @@ def pointwise_plan(g: Geometry, isa: str) -> TilePlan | None:
     return TilePlan(8 * nv, nv, _PW_TILES[nv], 8)
 
 
-def _pointwise_chunk(g: Geometry, plan: TilePlan) -> tuple[int, int]:
+def _pointwise_chunk(g: Geometry, plan: TilePlan, target: Target) -> tuple[int, int]:
     """(Q, Q8): output positions per work unit -- a multiple of R, chunks of nearly equal size -- and
     Q rounded up to whole 8x8 transposes. The unit's two accumulator buffers (Q8 x CB floats each)
-    take at most 16 KB, so they stay in L1 beside the weights of a block of input channels."""
-    qmax = max(plan.r, 2048 // plan.cb // plan.r * plan.r)
+    take at most half of L1 (16 KB), so they stay there beside the weights of a block of input channels."""
+    qmax = max(plan.r, target.l1d_bytes // 16 // plan.cb // plan.r * plan.r)
     per = -(-g.out_size // -(-g.out_size // qmax))
     q = -(-per // plan.r) * plan.r
     return q, -(-q // 8) * 8
@@ -811,7 +797,7 @@ def _transpose8(fn: str) -> str:
             f"float *restrict dst, size_t ds) {{\n{ld}\n{t}\n{u}\n{st}\n}}\n")
 
 
-def _pointwise_conv(g: Geometry, x: str, packed: str, y: str, isa: str, epi: Epilogue | None,
+def _pointwise_conv(g: Geometry, x: str, packed: str, y: str, target: Target, epi: Epilogue | None,
                     fn: str) -> tuple[str, str]:
     """1x1 stride-1 conv with output channels in the lanes: a register tile of R consecutive positions
     (broadcast from the NCHW input) x CB channels (weight vectors, packed [ci][CB] as the tiled path
@@ -819,25 +805,22 @@ def _pointwise_conv(g: Geometry, x: str, packed: str, y: str, isa: str, epi: Epi
     channels. Accumulators go to a position-major buffer; input channels are split into blocks whose
     weights fit L1 (the buffer carries the sums between blocks). The buffer is then transposed 8x8 in
     registers into channel-major rows, which the epilogue loop writes out as contiguous vectors."""
-    vec = _VEC[isa]
-    plan = pointwise_plan(g, isa)
+    vec = target.isa
+    plan = pointwise_plan(g, target)
     assert plan is not None
     cg, mg = g.c // g.group, g.m // g.group
     cb, nv, R = plan.cb, plan.nv, plan.r
     nb = -(-mg // cb)
     OS = g.out_size
-    Q, Q8 = _pointwise_chunk(g, plan)
+    Q, Q8 = _pointwise_chunk(g, plan, target)
     nch = -(-OS // Q)
     last = OS - (nch - 1) * Q          # positions of the last chunk; only it can end in a partial tile
     full, tail = _pointwise_tail(last, R)
-    kcmax = max(1, _PW_BLOCK_FLOATS // cb)  # input channels per block
+    kcmax = max(1, _pw_block_floats(target) // cb)  # input channels per block
     nk = -(-cg // kcmax)
     kc = -(-cg // nk)
     bias_off = g.group * nb * cg * cb
-    vt = vec["vt"]
-
-    def V(fmt: str, **kw: str) -> str:
-        return vec[fmt].format(**kw)
+    vt = vec.vtype
 
     def micro(r_: int) -> list[str]:
         """R positions x CB channels over kn input channels, starting from ``init`` (the bias, stride 0,
@@ -849,25 +832,25 @@ def _pointwise_conv(g: Geometry, x: str, packed: str, y: str, isa: str, epi: Epi
         epilogue's Clip constants (vectorized since -fno-trapping-math) took a register and GCC kept
         one accumulator on the stack, 1.7x slower on MobileNetV2's 160 -> 960 convs on 7x7."""
         pin = max(0, min(nv, 15 - r_ * nv))
-        mk = [f"{vec['target']}static __attribute__((noinline)) void {fn}_r{r_}(const float *restrict x, size_t kn, "
+        mk = [f"{vec.attribute}static __attribute__((noinline)) void {fn}_r{r_}(const float *restrict x, size_t kn, "
               "const float *restrict w, const float *init, size_t is, float *out) {"]
-        mk += [f"  {vt} a{r}_{j} = {V('load', p=f'init + {r} * is + {j * 8}')};" for r in range(r_) for j in range(nv)]
+        mk += [f"  {vt} a{r}_{j} = {vec.vload(f'init + {r} * is + {j * 8}')};" for r in range(r_) for j in range(nv)]
         mk += ["  for (size_t ci = 0; ci < kn; ci++) {",
                f"    const float *restrict xr = x + ci * {OS};",
                f"    const float *restrict wr = w + ci * {cb};"]
-        mk += [f"    {'' if j < pin else 'const '}{vt} w{j} = {V('load', p=f'wr + {j * 8}')};" for j in range(nv)]
+        mk += [f"    {'' if j < pin else 'const '}{vt} w{j} = {vec.vload(f'wr + {j * 8}')};" for j in range(nv)]
         if pin:
             mk.append('    __asm__("" : ' + ", ".join(f'"+x"(w{j})' for j in range(pin)) + ");")
         for r in range(r_):
-            mk.append(f"    {{ const {vt} xb = {V('bcast', p=f'xr + {r}')};")
-            mk += [f"      a{r}_{j} = {V('fma', x='xb', y=f'w{j}', a=f'a{r}_{j}')};" for j in range(nv)]
+            mk.append(f"    {{ const {vt} xb = {vec.vbcast(f'xr + {r}')};")
+            mk += [f"      a{r}_{j} = {vec.vfma(f'a{r}_{j}', 'xb', f'w{j}')};" for j in range(nv)]
             mk.append("    }")
         mk.append("  }")
-        mk += [f"  {V('store', p=f'out + {r * cb + j * 8}', v=f'a{r}_{j}')};" for r in range(r_) for j in range(nv)]
+        mk += [f"  {vec.vstore(f'out + {r * cb + j * 8}', f'a{r}_{j}')};" for r in range(r_) for j in range(nv)]
         mk.append("}")
         return mk
 
-    helpers = [vec["include"], *micro(R), *(ln for r_ in sorted(set(tail)) for ln in micro(r_)), _transpose8(fn)]
+    helpers = [vec.include, *micro(R), *(ln for r_ in sorted(set(tail)) for ln in micro(r_)), _transpose8(fn)]
     tail_calls = [f"    {fn}_r{r_}(xk + p, kn, wk, init + p * is, is, acc + p * {cb}); p += {r_};" for r_ in tail]
     units = g.n * g.group * nch * nb
     body = [f"const size_t blk = t % {nb}, ch = t / {nb} % {nch}, grp = t / {nb * nch} % {g.group}, "
@@ -912,12 +895,13 @@ def _rows_pack(g: Geometry, plan: tuple[int, int, int]) -> bool:
     return -(-(g.m // g.group) // plan[0]) >= 3 and g.c // g.group >= 32
 
 
-def _rows_chunk(g: Geometry, cg: int, pv: int) -> int:
-    """Output positions per chunk: a multiple of the tile width whose input (cg rows) fits in L2,
+def _rows_chunk(g: Geometry, cg: int, pv: int, target: Target) -> int:
+    """Output positions per chunk: a multiple of the tile width whose input (cg rows) fits in a quarter
+    of L2,
     the chunks of (nearly) equal size. Chunks of the largest size and a short last one (12544
     positions as 6 x 2048 + 256) left one of two threads a quarter more work (MobileNetV2's
     16 -> 96 conv on 112x112 ran 1.7x faster on 2 threads instead of 1.9x)."""
-    cap = max(pv, min(-(-g.out_size // pv) * pv, 32768 // max(1, cg) // pv * pv))
+    cap = max(pv, min(-(-g.out_size // pv) * pv, target.l2_bytes // 16 // max(1, cg) // pv * pv))
     per = -(-g.out_size // -(-g.out_size // cap))
     return -(-per // pv) * pv
 
@@ -1006,21 +990,21 @@ def _deinterleave2(fn: str, off: int) -> str:
             "  }\n}\n")
 
 
-def _depthwise_phase(g: Geometry, x: str, w: str, b: str | None, y: str, isa: str,
+def _depthwise_phase(g: Geometry, x: str, w: str, b: str | None, y: str, target: Target,
                      epi: Epilogue | None, fn: str) -> tuple[str, str]:
     """Depthwise conv (1-D/2-D) via a zero-padded copy split into stride phases: padded element
     (i, j) goes to phase (i % sH, j % sW) at (i / sH, j / sW). Output (oh, ow) then reads tap (kh, kw)
     from one phase at (oh + kh*dh / sH, ow + kw*dw / sW): with "virtual" positions q = oh * PW2 + ow,
     one flat loop over q has contiguous loads for every tap, whatever the stride, and is long enough to
     vectorize even for 7x7 maps; columns ow >= OW are computed and dropped."""
-    helper, lines, flat = phase_unit(g, x, w, b, y, isa, epi, fn, _phase_buffers(g) == 2)
+    helper, lines, flat = phase_unit(g, x, w, b, y, target, epi, fn, _phase_buffers(g) == 2)
     head = _phase_head(g, _phase_areas(g)[0])
     if flat:
         head += f"float *restrict vo = rb + {_phase_rowbuf(g)};\n"
     return helper, head + _task_loop(g.n * g.m, "\n".join("  " + ln for ln in lines))
 
 
-def phase_unit(g: Geometry, x: str, w: str, b: str | None, y: str, isa: str, epi: Epilogue | None,
+def phase_unit(g: Geometry, x: str, w: str, b: str | None, y: str, target: Target, epi: Epilogue | None,
                fn: str, double: bool, src: str | None = None, first: str = "t == t0") -> tuple[str, list[str], bool]:
     """(helpers, statements, flat) of the phase path for work unit ``t`` (plane n * M + c): they
     read ``ph`` (phase planes, ``double``: two sets ``phb``), ``rb`` (the row copy) and, when
@@ -1032,7 +1016,7 @@ def phase_unit(g: Geometry, x: str, w: str, b: str | None, y: str, isa: str, epi
     sh, sw, ph2, pw2, nq = _phase_dims(g)
     pp = ph2 * pw2
     pbh, pbw = g.pb[1], g.pb[2]
-    fma = isa in ("avx2", "avx512", "neon")
+    fma = target.isa.fma
     # The padding is zeroed on a task's first unit only: later copies overwrite the same interior.
     area, nqv = _phase_areas(g)
     copy = [f"for (size_t ih = 0; ih < {IH}; ih++) {{",
@@ -1043,8 +1027,8 @@ def phase_unit(g: Geometry, x: str, w: str, b: str | None, y: str, isa: str, epi
     # go one by one.
     rng_, lo, hi = _phase_cols(g)
     helper = ""
-    rowbuf = isa in ("avx2", "avx512") and _phase_rowbuf(g) > 0
-    if hi - lo >= 8 and sw == 2 and isa in ("avx2", "avx512"):
+    rowbuf = target.isa.shuffles256 and _phase_rowbuf(g) > 0
+    if hi - lo >= 8 and sw == 2 and target.isa.shuffles256:
         # Scalar stride-2 reads cost more than the whole conv: split 16 columns at a time in registers.
         helper = _deinterleave2(fn, pbw)
         copy.append(f"  {fn}_deint2(sr, dr, dr + {pp}, {lo}, {hi});")
@@ -1092,7 +1076,7 @@ def phase_unit(g: Geometry, x: str, w: str, b: str | None, y: str, isa: str, epi
             off = ((hh % sh) * sw + ww % sw) * pp + (hh // sh) * pw2 + ww // sw
             wv = f"w{len(taps)}"
             taps.append(f"v = fmaf({wv}, ph[q + {off}], v);" if fma else f"v += {wv} * ph[q + {off}];")
-    lanes = _VEC.get(isa, _VEC["generic"])["lanes"]
+    lanes = target.isa.lanes
     if OW >= 6 * lanes:
         # Wide rows: each output row is computed straight into the output (blocks of one vector, the
         # last moved back to overlap), with no flat buffer to copy out of: those row copies were
@@ -1134,7 +1118,7 @@ def phase_unit(g: Geometry, x: str, w: str, b: str | None, y: str, isa: str, epi
 _EDGE_UNROLL = 256
 
 
-def _depthwise_conv(g: Geometry, x: str, w: str, b: str | None, y: str, isa: str,
+def _depthwise_conv(g: Geometry, x: str, w: str, b: str | None, y: str, target: Target,
                     epi: Epilogue | None, fn: str) -> tuple[str, str]:
     """One input channel per group, (n, c) planes as work units. Each output row reads its input
     rows through one pointer per (kd, kh), a shared zero row standing in for rows outside the input,
@@ -1144,10 +1128,10 @@ def _depthwise_conv(g: Geometry, x: str, w: str, b: str | None, y: str, isa: str
     as the whole interior of a 112x112 plane)."""
     mg = g.m // g.group
     if _use_phase(g):
-        return _depthwise_phase(g, x, w, b, y, isa, epi, fn)
+        return _depthwise_phase(g, x, w, b, y, target, epi, fn)
     ID, IH, IW = g.inp
     OD, OH, OW = g.out
-    fma = isa in ("avx2", "avx512", "neon")  # fmaf is a slow libm call without hardware FMA
+    fma = target.isa.fma  # fmaf is a slow libm call without hardware FMA
     kr = g.k[0] * g.k[1]
 
     def acc(wv: str, xv: str) -> str:
@@ -1201,7 +1185,7 @@ def _depthwise_conv(g: Geometry, x: str, w: str, b: str | None, y: str, isa: str
                   *store("    "), "  }"]
     taps = [f"    {acc(f'w{j * g.k[2] + kw}', f'r{j}[ow * {g.s[2]} + ({kw * g.d[2] - g.pb[2]})]')}"
             for j in range(kr) for kw in range(g.k[2])]
-    lanes = _VEC.get(isa, _VEC["generic"])["lanes"]
+    lanes = target.isa.lanes
     if owb - owa >= lanes:
         # Blocks of one vector of columns, the last one moved back to overlap the one before: a plain
         # loop over 110 or 54 columns left the vectorizer a scalar remainder of 6 columns per row.
@@ -1226,7 +1210,7 @@ def _winograd():
     return winograd
 
 
-def conv_path(node: Node, isa: str) -> str:
+def conv_path(node: Node, target: Target) -> str:
     """Which code path ``conv_kernel`` takes: "winograd", "rows", "tiled", "depthwise" or "generic"."""
     x, w = node.inputs[0], node.inputs[1]
     if x.dtype != np.float32:
@@ -1237,34 +1221,34 @@ def conv_path(node: Node, isa: str) -> str:
     b = node.inputs[2] if len(node.inputs) > 2 else None
     if not w.is_const or (b is not None and not b.is_const):
         return "generic"
-    if _winograd().winograd_plan(g, isa) is not None:
+    if _winograd().winograd_plan(g, target) is not None:
         return "winograd"
-    if pointwise_plan(g, isa) is not None:
+    if pointwise_plan(g, target) is not None:
         return "tiled"
-    return "rows" if rows_plan(g, isa) is not None else "tiled"
+    return "rows" if rows_plan(g, target) is not None else "tiled"
 
 
-def conv_kernel(node: Node, x: str, w: str, b: str | None, y: str, isa: str, fn: str,
+def conv_kernel(node: Node, x: str, w: str, b: str | None, y: str, target: Target, fn: str,
                 epi: Epilogue | None = None, packed: str | None = None) -> tuple[str, str]:
     """(helpers, body) of a Conv kernel; helpers are named after ``fn``. ``packed`` names
     ``pack_conv_weights``'s output (tiled path)."""
     g = geometry(node)
-    path = conv_path(node, isa)
+    path = conv_path(node, target)
     if path == "winograd":
         assert packed is not None
         wg = _winograd()
-        return wg.winograd_conv(g, x, packed, y, isa, epi, f"{fn}_wg", wg.winograd_plan(g, isa))
+        return wg.winograd_conv(g, x, packed, y, target, epi, f"{fn}_wg", wg.winograd_plan(g, target))
     if path == "rows":
         assert packed is not None
-        return _rows_conv(g, x, packed, y, isa, epi, f"{fn}_rows")
-    if path == "tiled" and pointwise_plan(g, isa) is not None:
+        return _rows_conv(g, x, packed, y, target, epi, f"{fn}_rows")
+    if path == "tiled" and pointwise_plan(g, target) is not None:
         assert packed is not None
-        return _pointwise_conv(g, x, packed, y, isa, epi, f"{fn}_pw")
+        return _pointwise_conv(g, x, packed, y, target, epi, f"{fn}_pw")
     if path == "tiled":
         assert packed is not None
-        return _tiled_conv(g, x, packed, y, isa, epi, f"{fn}_tile")
+        return _tiled_conv(g, x, packed, y, target, epi, f"{fn}_tile")
     if path == "depthwise":
-        return _depthwise_conv(g, x, w, b, y, isa, epi, fn)
+        return _depthwise_conv(g, x, w, b, y, target, epi, fn)
     from aotc.ir import dtypes
     return "", _generic_conv(g, x, w, b, y, dtypes.c_type(node.outputs[0].dtype), epi)
 

@@ -14,11 +14,12 @@ depthwise part is the phase path of ``aotc/ops/conv.py`` with its input plane ta
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from aotc.ir.graph import Node
 from aotc.ops.conv import (
-    _VEC,
     WRITE_OUT,
     Epilogue,
     Geometry,
@@ -34,17 +35,19 @@ from aotc.ops.conv import (
     rows_plan,
 )
 
-# Every unit reads the whole input of the 1x1 conv, so it must stay in L2 (512 KB per core on
-# Zen 3) between units. MobileNetV2, 2 threads: 24 -> 144 channels on 56x56 (300 KB of input) 8-20%
-# faster fused, 16 -> 96 on 112x112 (800 KB, streamed again by each of 16 units) no faster or slower.
-_MAX_INPUT_BYTES = 384 * 1024
+if TYPE_CHECKING:
+    from aotc.target import Target
 
-
-def fusable(expand: Node, dw: Node) -> bool:
+def fusable(expand: Node, dw: Node, target: Target) -> bool:
     """Whether ``expand`` (producing ``dw``'s input) and the depthwise ``dw`` run as one kernel: a
     float32 1x1, stride-1, unpadded, one-group conv with constant weights that widens the channels
     on planes of more than 64 positions, from an input that fits in L2, then a 2-D depthwise conv
-    (one channel per group, multiplier 1) that takes the phase path."""
+    (one channel per group, multiplier 1) that takes the phase path.
+
+    Every unit reads the whole input of the 1x1 conv, so it must stay in L2 between units: at most three
+    quarters of it. MobileNetV2, 2 threads, 512 KB of L2: 24 -> 144 channels on 56x56 (300 KB of input)
+    8-20% faster fused, 16 -> 96 on 112x112 (800 KB, streamed again by each of 16 units) no faster or
+    slower."""
     x, w = expand.inputs[0], expand.inputs[1]
     b = expand.inputs[2] if len(expand.inputs) > 2 else None
     if x is None or w is None or x.dtype != np.float32 or not w.is_const or (b is not None and not b.is_const):
@@ -53,34 +56,34 @@ def fusable(expand: Node, dw: Node) -> bool:
         return False
     ge, gd = geometry(expand), geometry(dw)
     return (ge.group == 1 and ge.taps == 1 and all(v == 1 for v in ge.s) and not any(ge.pb) and not any(ge.pe)
-            and ge.m > ge.c and ge.out_size > 64 and ge.c * ge.in_size * 4 <= _MAX_INPUT_BYTES
+            and ge.m > ge.c and ge.out_size > 64 and ge.c * ge.in_size * 4 <= target.l2_bytes * 3 // 4
             and gd.group == gd.c == gd.m == ge.m and _use_phase(gd))
 
 
-def _plan(ge: Geometry, isa: str) -> tuple[int, int, int]:
-    plan = rows_plan(ge, isa)
+def _plan(ge: Geometry, target: Target) -> tuple[int, int, int]:
+    plan = rows_plan(ge, target)
     assert plan is not None, "fusable() admits only convs the 1x1 path takes"
     return plan
 
 
-def pack_weights(expand: Node, isa: str) -> np.ndarray:
+def pack_weights(expand: Node, target: Target) -> np.ndarray:
     """The 1x1 conv's weights and bias in the layout ``kernel``'s register tile reads."""
     ge, b = geometry(expand), expand.inputs[2] if len(expand.inputs) > 2 else None
-    return pack_rows_weights(expand.inputs[1].const, None if b is None else b.const, ge, _plan(ge, isa)[0])
+    return pack_rows_weights(expand.inputs[1].const, None if b is None else b.const, ge, _plan(ge, target)[0])
 
 
-def _expanded_floats(ge: Geometry, isa: str) -> int:
+def _expanded_floats(ge: Geometry, target: Target) -> int:
     """Scratch floats of one unit's expanded planes (MB of them), a multiple of 16."""
-    return (_plan(ge, isa)[0] * ge.out_size + 15) // 16 * 16
+    return (_plan(ge, target)[0] * ge.out_size + 15) // 16 * 16
 
 
-def scratch_floats(ge: Geometry, gd: Geometry, isa: str) -> int:
+def scratch_floats(ge: Geometry, gd: Geometry, target: Target) -> int:
     """Per task: the expanded planes, then one set of the phase path's planes, row copy and flat output."""
     area, nqv = _phase_areas(gd)
-    return _expanded_floats(ge, isa) + area + _phase_rowbuf(gd) + nqv
+    return _expanded_floats(ge, target) + area + _phase_rowbuf(gd) + nqv
 
 
-def kernel(ge: Geometry, gd: Geometry, x: str, packed: str, wd: str, bd: str | None, y: str, isa: str,
+def kernel(ge: Geometry, gd: Geometry, x: str, packed: str, wd: str, bd: str | None, y: str, target: Target,
            epi_e: Epilogue | None, epi_d: Epilogue | None, fn: str) -> tuple[str, str]:
     """(helpers, body): units are (image, block of MB expanded channels). ``packed`` is
     ``pack_weights`` of the expand conv; ``wd``/``bd`` the depthwise weights and bias;
@@ -90,19 +93,19 @@ def kernel(ge: Geometry, gd: Geometry, x: str, packed: str, wd: str, bd: str | N
     positions: a band split (each task expanding the rows its band reads, the rows at a band edge
     twice) was bit-identical but measured 1.3-1.5x slower on 2 threads, alone and in MobileNetV2,
     on its 56x56, 28x28 and 14x14 blocks (1.2x with both bands on one thread: not only the extra rows)."""
-    mb, nv, lanes = _plan(ge, isa)
+    mb, nv, lanes = _plan(ge, target)
     pv = nv * lanes
     C, M, IS = ge.c, ge.m, ge.out_size
     nb = -(-M // mb)
     units = ge.n * nb
     wsize = nb * C * mb
     area = _phase_areas(gd)[0]
-    helpers = _VEC.get(isa, _VEC["generic"])["include"] + "\n"
-    helpers += bcast_tile_kernel(isa, f"{fn}_rows", mb, nv, IS, pv, str(C)) + "\n"
-    dw_helper, dw_lines, flat = phase_unit(gd, "", wd, bd, y, isa, epi_d, f"{fn}_dw", double=False,
+    helpers = target.isa.include + "\n"
+    helpers += bcast_tile_kernel(target, f"{fn}_rows", mb, nv, IS, pv, str(C)) + "\n"
+    dw_helper, dw_lines, flat = phase_unit(gd, "", wd, bd, y, target, epi_d, f"{fn}_dw", double=False,
                                            src=f"E + i * {IS}", first="u == u0 && i == 0")
-    head = [f"float *restrict E = scratch + task * (size_t){scratch_floats(ge, gd, isa)};",
-            f"float *restrict ph = E + {_expanded_floats(ge, isa)};",
+    head = [f"float *restrict E = scratch + task * (size_t){scratch_floats(ge, gd, target)};",
+            f"float *restrict ph = E + {_expanded_floats(ge, target)};",
             f"float *restrict rb = ph + {area}; (void)rb;",
             *([f"float *restrict vo = rb + {_phase_rowbuf(gd)};"] if flat else []),
             f"const size_t u0 = (size_t){units} * task / ntasks, u1 = (size_t){units} * (task + 1) / ntasks;"]

@@ -45,10 +45,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from fractions import Fraction as F
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from aotc.ops.conv import _VEC, Epilogue, Geometry, _epi_block, _task_loop, bcast_tile_kernel
+from aotc.ops.conv import Epilogue, Geometry, _epi_block, _task_loop, bcast_tile_kernel
+
+if TYPE_CHECKING:
+    from aotc.target import Target
 
 # (BT, G, AT) per m: interpolation points 0, 1, -1 (m = 2) and 0, 1, -1, 2, -2 (m = 4), plus infinity.
 _MATRICES: dict[int, tuple[list[list[F]], list[list[F]], list[list[F]]]] = {
@@ -72,10 +76,6 @@ _MATRICES: dict[int, tuple[list[list[F]], list[list[F]], list[list[F]]]] = {
          [F(0), F(1), F(1), F(4), F(4), F(0)],
          [F(0), F(1), F(-1), F(8), F(-8), F(1)]]),
 }
-
-# Scratch budget per task for the transformed inputs and GEMM results of one unit: about L2.
-_UNIT_BYTES = 384 * 1024
-
 
 def matrices(m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(BT, G, AT) of F(m x m, 3 x 3) as float64 arrays."""
@@ -104,7 +104,7 @@ class WinogradPlan:
         return -(-self.th // self.rt)
 
 
-def winograd_plan(g: Geometry, isa: str) -> WinogradPlan | None:
+def winograd_plan(g: Geometry, target: Target) -> WinogradPlan | None:
     """The plan of a conv that takes the Winograd path, or None.
 
     Taken for 2-D 3x3 convs with stride and dilation 1, one group, at least 16 input and output
@@ -113,7 +113,7 @@ def winograd_plan(g: Geometry, isa: str) -> WinogradPlan | None:
     keep the direct path: there each unit would stream megabytes of transformed weights for a few
     tiles. Units of whole planes do not rescue them: F(2x2) over all 16 tiles of a 7x7 plane at 512
     channels measured no faster than the direct path (it streams 16 MB of transformed weights)."""
-    if isa not in _VEC or g.group != 1 or g.k != (1, 3, 3) or g.s != (1, 1, 1) or g.d != (1, 1, 1):
+    if g.group != 1 or g.k != (1, 3, 3) or g.s != (1, 1, 1) or g.d != (1, 1, 1):
         return None
     if g.inp[0] != 1 or g.c < 16 or g.m < 16 or min(g.out[1:]) < 8:
         return None
@@ -124,11 +124,12 @@ def winograd_plan(g: Geometry, isa: str) -> WinogradPlan | None:
         m = 2
     else:
         return None
-    lanes = _VEC[isa]["lanes"]
-    budget = _VEC[isa]["budget"]
+    lanes = target.isa.lanes
+    budget = target.isa.acc_budget
     a = m + 2
     th, tw = -(-oh // m), -(-ow // m)
-    rt = max(1, min(th, _UNIT_BYTES // (a * a * tw * (g.c + g.m) * 4)))
+    # Scratch for the transformed inputs and GEMM results of one unit: three quarters of L2.
+    rt = max(1, min(th, target.l2_bytes * 3 // 4 // (a * a * tw * (g.c + g.m) * 4)))
     # Slots for rt * tw tiles; a tile row narrower than a vector is transformed as a whole vector,
     # so the last row's vector must fit too.
     tp = -(-max(rt * tw, (rt - 1) * tw + lanes) // lanes) * lanes
@@ -213,7 +214,7 @@ def _combo(coeffs: np.ndarray, terms: list[str]) -> str:
     return s[2:] if s.startswith("+ ") else "-" + s[2:]
 
 
-def winograd_conv(g: Geometry, x: str, packed: str, y: str, isa: str, epi: Epilogue | None,
+def winograd_conv(g: Geometry, x: str, packed: str, y: str, target: Target, epi: Epilogue | None,
                   fn: str, plan: WinogradPlan) -> tuple[str, str]:
     """(helpers, body) of the Winograd conv; see the module docstring."""
     m, a, tw, rt, tp, mb, nv, L = plan.m, plan.a, plan.tw, plan.rt, plan.tp, plan.mb, plan.nv, plan.lanes
@@ -228,8 +229,8 @@ def winograd_conv(g: Geometry, x: str, packed: str, y: str, isa: str, epi: Epilo
     kw, orw = _kw(plan), _out_row(plan)
     # GEMM micro-kernels: MB channels x NV vectors of tile slots over the input channels (and one
     # with fewer vectors for the slots left over, if any).
-    helpers = [_VEC[isa]["include"], f"static const float {fn}_zeros[{mb}];"]
-    helpers += [bcast_tile_kernel(isa, f"{fn}_mk{k}", mb, k, tp, tp, "nk", inline=False)
+    helpers = [target.isa.include, f"static const float {fn}_zeros[{mb}];"]
+    helpers += [bcast_tile_kernel(target, f"{fn}_mk{k}", mb, k, tp, tp, "nk", inline=False)
                 for k in sorted({nv, (tp // L) % nv} - {0})]
 
     # Input transform of one tile row: d[r][c] = phase-split row r, phase c % m, column j + c / m.

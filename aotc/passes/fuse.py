@@ -23,6 +23,7 @@ import numpy as np
 from aotc.ir.graph import Graph, Node, Value
 from aotc.ops import OPS
 from aotc.ops.expand_depthwise import fusable
+from aotc.target import Target
 
 
 @dataclass(eq=False)
@@ -86,7 +87,9 @@ def _insert_output_copies(graph: Graph) -> None:
         seen.add(id(root))
 
 
-def fuse(graph: Graph) -> bool:
+def fuse(graph: Graph, target: Target) -> bool:
+    """Group ``graph``'s nodes into kernels (``graph.kernels``); ``target`` decides what its kernels can
+    hold (an expanding 1x1 conv's input must fit its L2)."""
     _insert_output_copies(graph)
     users = graph.consumers()
     fetched = {id(v) for v in graph.outputs}
@@ -111,7 +114,7 @@ def fuse(graph: Graph) -> bool:
             _grow_norm_input(k, users, fetched, owner)
         kernels.append(k)
     kernels.reverse()
-    kernels = _fuse_expand_depthwise(kernels, users, fetched)
+    kernels = _fuse_expand_depthwise(kernels, users, fetched, target)
     order = {id(n): i for i, n in enumerate(graph.nodes)}
     for i, k in enumerate(kernels):
         k.index = i
@@ -121,7 +124,7 @@ def fuse(graph: Graph) -> bool:
 
 
 def _fuse_expand_depthwise(kernels: list[Kernel], users: dict[int, list[Node]],
-                           fetched: set[int]) -> list[Kernel]:
+                           fetched: set[int], target: Target) -> list[Kernel]:
     """Merge each expanding 1x1 conv kernel into the depthwise conv kernel that alone reads its
     output. The 1x1 kernel's epilogue must read nothing but constants: the fused kernel has no
     buffer for another tensor at the expanded shape."""
@@ -137,7 +140,7 @@ def _fuse_expand_depthwise(kernels: list[Kernel], users: dict[int, list[Node]],
         if any(v is not None and not v.is_const and id(v) not in inside
                for n in a.nodes if n is not a.conv for v in n.inputs):
             continue
-        if not fusable(a.conv, k.conv):
+        if not fusable(a.conv, k.conv, target):
             continue
         k.nodes = a.nodes + k.nodes
         k.expand = a.conv

@@ -26,6 +26,7 @@ import numpy as np
 from aotc.errors import AotcError
 from aotc.ir.graph import Graph, Value
 from aotc.passes.fuse import storage_root
+from aotc.target import Target
 
 ALIGN = 64
 
@@ -94,7 +95,8 @@ class MemoryPlan:
                 f"(+{len(self.scratch)} scratch) totalling {self.intermediate_bytes} bytes")
 
 
-def plan_memory(graph: Graph) -> bool:
+def plan_memory(graph: Graph, target: Target) -> bool:
+    """Place ``graph``'s buffers (``graph.memory``); kernel scratch is sized for ``target``'s kernels."""
     from aotc.codegen.kernels import scratch_bytes
     from aotc.codegen.loops import partials_bytes
 
@@ -112,7 +114,7 @@ def plan_memory(graph: Graph) -> bool:
             b = plan.buffers.get(id(storage_root(v)))
             if b is not None:
                 b.last = max(b.last, k.index)
-        size = scratch_bytes(k, graph.isa, 1)
+        size = scratch_bytes(k, target, 1)
         if size:
             plan.scratch[k.index] = Buffer(f"scratch_{k.name}", _align(size), k.index, k.index)
         size = partials_bytes(k) if k.kind == "loop" else 0

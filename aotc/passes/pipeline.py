@@ -1,6 +1,8 @@
 """Runs named passes in order, verifying the graph after each and dumping it when asked.
 
-A pass is a function ``Graph -> bool`` (changed or not), in the manner of XLA's HloPassPipeline.
+A pass is a function ``Graph -> bool`` (changed or not), in the manner of XLA's HloPassPipeline; a pass
+whose decisions depend on what the code is compiled for (fusion, memory planning) also takes the
+``Target``, and says so.
 """
 
 from __future__ import annotations
@@ -12,14 +14,16 @@ from pathlib import Path
 from aotc.dump import write_dumps, write_summary
 from aotc.ir.graph import Graph
 from aotc.passes.fuse import fuse
+from aotc.passes.layout import optimize_layout
 from aotc.passes.memory import plan_memory
 from aotc.passes.patterns import rewrite_patterns
 from aotc.passes.propagate import propagate
 from aotc.passes.prune import prune
 from aotc.passes.simplify import simplify
 from aotc.passes.widen import widen_emulated
+from aotc.target import Target, for_isa
 
-PassFn = Callable[[Graph], bool]
+PassFn = Callable[..., bool]
 
 
 def simplify_to_fixpoint(graph: Graph) -> bool:
@@ -36,24 +40,28 @@ def simplify_to_fixpoint(graph: Graph) -> bool:
 @dataclass
 class Pass:
     name: str
-    run: PassFn
+    run: PassFn                 # run(graph), or run(graph, target) when ``uses_target``
+    uses_target: bool = False
 
 
 DEFAULT_PASSES = [
     Pass("prune", prune),
     Pass("propagate", propagate),   # shape/dtype inference + constant folding
     Pass("patterns", rewrite_patterns),  # decomposed LayerNorm / GELU -> one op each
+    Pass("layout", optimize_layout),  # Transposes sunk until inverse pairs cancel (NHWC graphs)
     Pass("simplify", simplify_to_fixpoint),
     Pass("prune_again", prune),
     Pass("widen_emulated", widen_emulated),  # Casts around non-loop ops on bfloat16, float8, int4, ...
-    Pass("fuse", fuse),
-    Pass("plan_memory", plan_memory),
+    Pass("fuse", fuse, uses_target=True),
+    Pass("plan_memory", plan_memory, uses_target=True),
 ]
 
 
 def run_passes(graph: Graph, passes: list[Pass] | None = None, dump_dir: Path | None = None,
-               log: Callable[[str], None] | None = None) -> Graph:
+               log: Callable[[str], None] | None = None, target: Target | None = None) -> Graph:
+    """Run ``passes`` (the default pipeline) on ``graph`` for ``target`` (default: portable C kernels)."""
     passes = DEFAULT_PASSES if passes is None else passes
+    target = target or for_isa("generic")
     if dump_dir is not None:
         dump_dir.mkdir(parents=True, exist_ok=True)
         (dump_dir / "00_imported.txt").write_text(graph.to_text())
@@ -62,7 +70,7 @@ def run_passes(graph: Graph, passes: list[Pass] | None = None, dump_dir: Path | 
             log(f"pass {p.name}")
         if dump_dir is not None and p.name == "fuse":
             write_dumps(graph, dump_dir, "graph_before_fusion")
-        changed = p.run(graph)
+        changed = p.run(graph, target) if p.uses_target else p.run(graph)
         graph.verify()
         if dump_dir is not None:
             text = graph.to_text()

@@ -1,0 +1,114 @@
+"""The instruction sets the hand-vectorized kernels are written for: one entry per ISA, read by the
+GEMM template (``templates/gemm.c.j2``), the conv micro-kernels (``aotc/ops/conv.py`` and the Winograd
+and expand-depthwise paths built on them). Everything else is plain C the compiler vectorizes itself.
+
+An entry holds the register facts the blocking is derived from, the spellings of the few vector
+operations the micro-kernels use (``str.format`` templates over ``p`` (a pointer), ``v``, ``a``, ``x``
+and ``y``) and the predefined macros by which a compiler's flags enable it (``aotc.target`` asks the
+compiler which ISA its flags give). Adding an ISA is one entry here plus its test.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# The portable vector: GCC/Clang's vector extension, which compiles to SSE2 on x86-64, NEON on AArch64
+# and scalar code elsewhere; memcpy keeps loads and stores alignment-agnostic. Guarded: several kernels
+# share one translation unit.
+_GENERIC_VECTORS = """\
+#ifndef AOTC_V4F_DEFINED
+#define AOTC_V4F_DEFINED
+/* Portable 4-lane vectors (GCC/Clang vector extension); memcpy keeps loads and stores alignment-agnostic. */
+typedef float aotc_v4f __attribute__((vector_size(16)));
+static inline aotc_v4f aotc_v4f_zero(void) { aotc_v4f z = {0.0f, 0.0f, 0.0f, 0.0f}; return z; }
+static inline aotc_v4f aotc_v4f_load(const float *p) { aotc_v4f v; memcpy(&v, p, sizeof v); return v; }
+static inline aotc_v4f aotc_v4f_bcast(const float *p) { const float s = *p; aotc_v4f v = {s, s, s, s}; return v; }
+static inline void aotc_v4f_store(float *p, aotc_v4f v) { memcpy(p, &v, sizeof v); }
+#endif"""
+
+
+@dataclass(frozen=True)
+class Isa:
+    """One instruction set as the micro-kernels see it."""
+
+    name: str
+    lanes: int          # float32 lanes per vector register
+    registers: int      # vector registers
+    # Accumulator registers a register tile may use without spilling: what is left beside the operand
+    # vectors and a broadcast (avx2: 12 of 16; generic: 8, as 16-byte vectors fit anywhere).
+    acc_budget: int
+    fma: bool           # hardware fused multiply-add (without it, fmaf is a slow libm call)
+    # 256-bit AVX2 shuffles: the 8x8 transpose and the 8-column stride-2 deinterleave of the conv paths.
+    shuffles256: bool
+    gemm_mr: int        # GEMM register tile: rows ...
+    gemm_nv: int        # ... by vectors (NR = gemm_nv * lanes), within acc_budget
+    vtype: str          # the C vector type
+    attribute: str      # function attribute enabling the ISA ('' where the compiler flags do)
+    include: str        # C lines declaring what the spellings use
+    ops: dict[str, str] = field(repr=False)  # zero, load, store, bcast, fma, add
+    # Macros the compiler predefines when its flags enable this ISA (all of them must be defined).
+    macros: tuple[str, ...] = ()
+
+    @property
+    def gemm_nr(self) -> int:
+        return self.gemm_nv * self.lanes
+
+    def vzero(self) -> str:
+        return self.ops["zero"]
+
+    def vload(self, p: str) -> str:
+        return self.ops["load"].format(p=p)
+
+    def vstore(self, p: str, v: str) -> str:
+        return self.ops["store"].format(p=p, v=v)
+
+    def vbcast(self, p: str) -> str:
+        """A vector of ``*p`` in every lane."""
+        return self.ops["bcast"].format(p=p)
+
+    def vfma(self, a: str, x: str, y: str) -> str:
+        """``a + x * y`` (one rounding where the ISA has FMA)."""
+        return self.ops["fma"].format(a=a, x=x, y=y)
+
+    def vadd(self, x: str, y: str) -> str:
+        return self.ops["add"].format(x=x, y=y)
+
+
+# Tiles: avx2 6x16 = 12 ymm accumulators + 2 for B + 1 broadcast of the 16 registers; avx512 12x32 = 24
+# of 32 zmm; neon 8x12 = 24 of 32 q registers; generic 4x8 with 16-byte vectors, which every target
+# handles (SSE2, NEON, or a scalar fallback). avx2 values were checked on Zen 3
+# (benchmarks/gemm_kernel.py); the others follow the same rules but are untuned.
+ISAS: dict[str, Isa] = {
+    "avx512": Isa(
+        "avx512", lanes=16, registers=32, acc_budget=24, fma=True, shuffles256=True, gemm_mr=12, gemm_nv=2,
+        vtype="__m512", attribute='__attribute__((target("avx512f"))) ', include="#include <immintrin.h>",
+        ops=dict(zero="_mm512_setzero_ps()", load="_mm512_loadu_ps({p})", store="_mm512_storeu_ps({p}, {v})",
+                 bcast="_mm512_set1_ps(*({p}))", fma="_mm512_fmadd_ps({x}, {y}, {a})",
+                 add="_mm512_add_ps({x}, {y})"),
+        macros=("__AVX512F__",)),
+    "avx2": Isa(
+        "avx2", lanes=8, registers=16, acc_budget=12, fma=True, shuffles256=True, gemm_mr=6, gemm_nv=2,
+        vtype="__m256", attribute='__attribute__((target("avx2,fma"))) ', include="#include <immintrin.h>",
+        ops=dict(zero="_mm256_setzero_ps()", load="_mm256_loadu_ps({p})", store="_mm256_storeu_ps({p}, {v})",
+                 bcast="_mm256_broadcast_ss({p})", fma="_mm256_fmadd_ps({x}, {y}, {a})",
+                 add="_mm256_add_ps({x}, {y})"),
+        macros=("__AVX2__", "__FMA__")),
+    "neon": Isa(
+        "neon", lanes=4, registers=32, acc_budget=24, fma=True, shuffles256=False, gemm_mr=8, gemm_nv=3,
+        vtype="float32x4_t", attribute="", include="#include <arm_neon.h>",
+        ops=dict(zero="vdupq_n_f32(0.0f)", load="vld1q_f32({p})", store="vst1q_f32({p}, {v})",
+                 bcast="vld1q_dup_f32({p})", fma="vfmaq_f32({a}, {x}, {y})", add="vaddq_f32({x}, {y})"),
+        macros=("__aarch64__", "__ARM_NEON")),
+    "generic": Isa(
+        "generic", lanes=4, registers=16, acc_budget=8, fma=False, shuffles256=False, gemm_mr=4, gemm_nv=2,
+        vtype="aotc_v4f", attribute="", include=_GENERIC_VECTORS,
+        ops=dict(zero="aotc_v4f_zero()", load="aotc_v4f_load({p})", store="aotc_v4f_store({p}, {v})",
+                 bcast="aotc_v4f_bcast({p})", fma="({a} + {x} * {y})", add="({x} + {y})")),
+}
+# Preference when a compiler's flags enable several (an AVX-512 build also has AVX2 and FMA).
+PREFERENCE = ("avx512", "avx2", "neon", "generic")
+
+
+def isa_for_macros(macros: set[str]) -> Isa:
+    """The ISA whose kernels a compiler with these predefined macros builds (generic when none)."""
+    return next(ISAS[n] for n in PREFERENCE if set(ISAS[n].macros) <= macros)
