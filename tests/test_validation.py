@@ -203,6 +203,9 @@ SCHEMA_CASES = {
         "input 'c' is declared double but its initializer is float32"),
     "output_elem_type_unknown": (make([helper.make_node("Relu", ["x"], ["y"])], [vi("x", [2])], [vi("y", [2], 88)]),
                                  "graph output 'y' has unknown elem_type 88"),
+    # onnxruntime crashed on the generated test's reference model of this one.
+    "duplicate_graph_output": (make([helper.make_node("Relu", ["x"], ["y"])], [vi("x", [2])], [vi("y", [2])] * 2),
+                               "graph output 'y' is listed 2 times"),
     "no_outputs": (make([helper.make_node("Relu", ["x"], ["y"])], [vi("x", [2])], []),
                    "the model's graph has no outputs: nothing to compute"),
     # No shape is an unknown rank, not a scalar (aotc compiled it as one).

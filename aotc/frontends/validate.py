@@ -133,6 +133,10 @@ def validate_graph(graph: onnx.GraphProto, opsets: dict[str, int]) -> None:
     rules, that every tensor name is defined once and that the graph's outputs have the types their
     nodes make. Raises AotcError on the first problem."""
     types = _Checker(opsets).graph(graph, set(), ChainMap(), "")
+    names = [vi.name for vi in graph.output]
+    for name in names:  # each output is one result of the run: as a config may fetch a tensor once
+        if names.count(name) > 1:
+            raise AotcError(f"graph output {name!r} is listed {names.count(name)} times")
     for vi in graph.output:
         declared = _elem_type(vi)
         if declared and types.get(vi.name) and declared != types[vi.name]:
