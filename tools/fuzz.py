@@ -6,14 +6,17 @@ matches onnxruntime when built with ASan/UBSan.
     python tools/fuzz.py --show 0:123                        # describe case 123 of seed 0
 
 Case ``i`` of seed ``s`` is always the same model: a small seed model built in code (``SEEDS``), then
-one to three mutations drawn from ``random.Random(f"{s}:{i}")``. A mutation is a plain JSON spec
-(``{"kind": "attr", "node": 2, ...}``) applied by ``apply_spec``, so a case can be replayed, shown
-and minimized (drop one spec at a time) without the random stream.
+up to three protobuf-level mutations (dims, element types, attributes, initializers, graph structure,
+names, opsets) and sometimes a byte-level one, drawn from ``random.Random(f"{s}:{i}")``. A mutation is
+a plain JSON spec (``{"kind": "attr", "node": 2, ...}``) applied by ``build_model``, so a case can be
+replayed, shown and minimized (drop one spec at a time) without the random stream.
 
 Each case runs in a persistent worker process (aotc, onnx and onnxruntime imported once): compile
 with ``gen_test=True`` under -fsanitize=address,undefined, run ``m_test``, and, when aotc did not
-refuse the model, ask onnxruntime and ``onnx.checker`` whether the model is valid at all. A worker
-that dies or outlives the case's time limit is killed with its process group and replaced.
+refuse the model, ask onnxruntime and ``onnx.checker`` whether the model is valid at all. Where no
+reference can compute the test's expected outputs, the library is built with ``gen_benchmark=True``
+instead and run once under the sanitizers. A worker that dies or outlives the case's time limit is
+killed with its process group and replaced.
 
 Outcomes: ``clean_error`` and ``ok`` are fine, and so are ``unchecked`` (a valid model that aotc
 compiles but neither onnxruntime nor onnx.reference can run for the generated test: its library ran
@@ -24,6 +27,8 @@ model that onnxruntime or the onnx checker refuses).
 
 Environment: ``AOTC_FUZZ_TREE`` makes the workers import aotc from another source tree (a snapshot of
 a commit, say); ``AOTC_FUZZ_WORKER_MEMORY`` is each worker's address-space limit in bytes.
+tests/test_fuzz.py runs a bounded campaign and replays tests/fuzz_corpus, where ``--save-corpus``
+writes the smallest case of each new failure signature.
 """
 
 from __future__ import annotations
@@ -237,8 +242,8 @@ SEEDS: dict[str, Callable[[], onnx.ModelProto]] = {
 
 
 # ---------------------------------------------------------------------------------------------------
-# Mutations: ``gen_*`` draws a spec from the model; ``apply_spec`` applies it (a no-op when the model
-# no longer has what it names, so dropping one spec of several still replays).
+# Mutations: ``gen_*`` draws a spec from the model; ``build_model`` applies specs (each a no-op when the
+# model no longer has what it names, so dropping one spec of several still replays).
 
 BIG_INTS = [0, -1, -2, 1, 2, 3, 7, 2**20, 2**30, 2**31 - 1, 2**31, 2**32 + 1, 2**62, 2**62 + 512, 2**63 - 1,
             -(2**63), -(2**31)]
@@ -1095,7 +1100,7 @@ class Result:
 
 
 class Pool:
-    """``jobs`` worker processes; ``run`` feeds them (path, tag) jobs and yields results as they come."""
+    """``jobs`` worker processes; ``run`` hands each a job (a model file) and yields the answers as they come."""
 
     def __init__(self, jobs: int, workdir: Path, case_timeout: float, test_timeout: float) -> None:
         self.jobs, self.workdir = jobs, workdir
