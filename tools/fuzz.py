@@ -424,7 +424,7 @@ def gen_window_attr(m: onnx.ModelProto, rng: random.Random) -> dict | None:
     ni = rng.choice(nodes)
     node = m.graph.node[ni]
     attrs = {a.name: a for a in node.attribute}
-    rank = len(attrs["kernel_shape"].ints) if "kernel_shape" in attrs else 2
+    rank = max(len(attrs["kernel_shape"].ints), 1) if "kernel_shape" in attrs else 2
     name = rng.choice(["pads", "pads", "strides", "dilations", "kernel_shape", "group", "auto_pad"])
     if name == "auto_pad":
         return {"kind": "attr", "node": ni, "name": name, "action": "set", "type": "STRING",
