@@ -453,7 +453,9 @@ def make_batches(cases: list[BackendCase], size: int = GROUP_SIZE,
     are large enough to be compiled one at a time."""
     by: dict[tuple, list[BackendCase]] = {}
     for c in cases:
-        by.setdefault((c.group == "node", c.opset, alone(c)), []).append(c)
+        # Merged cases share one opset import list: every domain's version must agree.
+        opsets = tuple(sorted((i.domain or "ai.onnx", i.version) for i in c.model.opset_import))
+        by.setdefault((c.group == "node", opsets, alone(c)), []).append(c)
     batches = []
     for group in by.values():
         n = 1 if group[0].group == "real" else size

@@ -116,8 +116,7 @@ def test_batchnorm_after_gemm_folds_into_weights(tmp_path):
                   init("var", rng.uniform(0.5, 2, c).astype(np.float32))])
     res = compile_model(model, tmp_path, "bn")
     assert res.num_kernels == 1
-    assert "BatchNormalization" not in res.graph.to_text()
-    assert [n.op for n in res.graph.nodes] == ["MatMul", "Add", "Relu"]
+    assert [n.op for n in res.graph.nodes] == ["MatMul", "Add", "Relu"]  # no BatchNormalization left
     m = aotc.load(tmp_path / "bn")
     feeds = random_feeds(m)
     np.testing.assert_allclose(m.run(feeds)[0], ort_run(model, feeds)[0], rtol=1e-5, atol=1e-5)

@@ -33,7 +33,7 @@ def test_dft_matches_numpy(tmp_path, n, length, onesided, inverse):
     x = rng.standard_normal((2, length, 3, comps)).astype(np.float32)
     out_len = n if inverse else (n // 2 + 1 if onesided else n)
     out_comps = 1 if inverse and onesided else 2
-    node = helper.make_node("DFT", ["x", "len", ""], ["y"], onesided=onesided, inverse=inverse, axis=1)
+    node = helper.make_node("DFT", ["x", "len"], ["y"], onesided=onesided, inverse=inverse, axis=1)
     model = _model([node], [_vi("x", list(x.shape))], [_vi("y", [2, out_len, 3, out_comps])],
                    [numpy_helper.from_array(np.array(n, np.int64), "len")], opsets=(("", 19),))
     m = aotc.compile(model, tmp_path, name="dft", threads=2)
@@ -173,7 +173,8 @@ def test_tfidf_vectorizer_matches_reference(tmp_path):
     (dict(mode="TFIDF", weights=[1.0, 2.0]), "weights"),
 ])
 def test_hostile_tfidf_vectorizer_is_rejected(tmp_path, attrs, message):
-    model = _model([_tfidf_node("", **attrs)], [_vi("x", [8], onnx.TensorProto.INT64)], [_vi("y", [12])],
+    required = dict(mode="TF", min_gram_length=1, max_gram_length=2, max_skip_count=0)  # so only attrs is wrong
+    model = _model([_tfidf_node("", **(required | attrs))], [_vi("x", [8], onnx.TensorProto.INT64)], [_vi("y", [12])],
                    opsets=(("", 9),))
     with pytest.raises(AotcError, match=message):
         aotc.compile(model, tmp_path, name="tfidf")
