@@ -4,6 +4,7 @@ and the value, before any C is generated; an unsupported op only matters if the 
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -413,3 +414,15 @@ def test_conv_pads_beyond_the_kernel_match_onnxruntime_under_sanitizers(tmp_path
                  [init("W", W), init("Wd", dw), init("Wt", wt)])
     model.ir_version = 10
     run_generated_test_under_sanitizers(model, tmp_path)
+
+
+@pytest.mark.parametrize(("a", "w", "c", "message"), [
+    ([4], [4, 3], [3], "must be matrices"),
+    ([2, 4], [5, 3], [3], "inner dimensions 4 and 5"),
+    ([2, 4], [4, 3], [2, 2], "does not broadcast to [2, 3]"),
+])
+def test_gemm_shapes_are_checked(tmp_path, a, w, c, message):
+    model = make([helper.make_node("Gemm", ["x", "W", "c"], ["y"])], [vi("x", a)], [vi("y", None)],
+                 [init("W", np.ones(w, np.float32)), init("c", np.ones(c, np.float32))])
+    with pytest.raises(aotc.AotcError, match=re.escape(message)):
+        compile_model(model, tmp_path, "g")

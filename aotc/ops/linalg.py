@@ -35,8 +35,17 @@ def _matmul_infer(node: Node):
 def _gemm_infer(node: Node):
     a, b = node.inputs[0], node.inputs[1]
     assert a is not None and b is not None
-    m = a.shape[1] if node.attr("transA", 0) else a.shape[0]
-    n = b.shape[0] if node.attr("transB", 0) else b.shape[1]
+    if len(a.shape) != 2 or len(b.shape) != 2:  # onnxruntime refuses other ranks at load
+        raise AotcError(f"Gemm node {node.name!r}: A {list(a.shape)} and B {list(b.shape)} must be matrices")
+    (m, ka), (kb, n) = a.shape[::-1] if node.attr("transA", 0) else a.shape, \
+        b.shape[::-1] if node.attr("transB", 0) else b.shape
+    if ka != kb:
+        raise AotcError(f"Gemm node {node.name!r}: A {list(a.shape)} and B {list(b.shape)} have inner "
+                        f"dimensions {ka} and {kb}")
+    c = node.inputs[2] if len(node.inputs) > 2 else None
+    if c is not None and (len(c.shape) > 2 or any(d not in (1, full) for d, full in
+                                                  zip(c.shape[::-1], (n, m), strict=False))):
+        raise AotcError(f"Gemm node {node.name!r}: C {list(c.shape)} does not broadcast to [{m}, {n}]")
     return [((m, n), a.dtype)]
 
 
