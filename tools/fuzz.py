@@ -897,6 +897,24 @@ def _first_error_line(text: str) -> str:
     return next((ln for ln in lines if "error" in ln), lines[-1] if lines else "")[:300]
 
 
+# onnx.checker refusals that aotc deliberately accepts, as onnxruntime does (README: graph inputs and
+# outputs without a shape or type, a node domain spelled ai.onnx, opset imports of unused domains).
+CHECKER_EXCEPTIONS = (r"Field 'shape' of 'type' is required but missing",
+                      r"Field 'type' of 'value_info' is required but missing",
+                      r"No opset import for domain 'ai\.onnx'")
+
+
+def checker_exception(message: str, path: Path) -> bool:
+    """Whether an onnx.checker refusal is one of aotc's deliberate exceptions."""
+    if any(re.search(p, message) for p in CHECKER_EXCEPTIONS):
+        return True
+    if re.search(r"Opset import version -?\d+ is out of supported range", message):
+        m = onnx.load(str(path), load_external_data=False)
+        used = {n.domain or "" for n in m.graph.node} | {""}
+        return all(i.domain not in used for i in m.opset_import if not 0 < i.version < 2**31)
+    return False
+
+
 def _validity(path: Path) -> dict:
     """What onnxruntime and onnx.checker say about the model file (None: accepted). The checker runs
     without shape inference: onnxruntime too loads models whose declared shapes contradict it."""
@@ -918,6 +936,8 @@ def _validity(path: Path) -> dict:
         out["checker"] = None
     except Exception as e:
         out["checker"] = f"{type(e).__name__}: {e}".replace("\n", " ")[:400]
+        if out["ort"] is None and checker_exception(out["checker"], path):
+            out["checker_excepted"], out["checker"] = out["checker"], None
         return out
     try:  # for the report only: onnxruntime accepts declared shapes that contradict inference
         model = onnx.load(str(path), load_external_data=False)
