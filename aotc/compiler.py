@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
 import onnx
 
 from aotc.build import StagedBuild, build_dir, check_output_dir, output_errors, write_if_changed
@@ -74,14 +75,16 @@ def compile_model(model: str | Path | onnx.ModelProto | Graph, out_dir: str | Pa
                   test_tolerance: tuple[float, float] = (1e-3, 1e-4), tag_set: str | None = None,
                   signature: str | None = None, variables_to_feed: list[str] | None = None,
                   cpp_class: str | None = None, target: str | None = None, target_features: str | None = None,
-                  sysroot: str | None = None) -> CompileResult:
+                  sysroot: str | None = None,
+                  test_data: tuple[list[np.ndarray], list[np.ndarray]] | None = None) -> CompileResult:
     """Compile ``model`` into ``out_dir``: NAME.h, libNAME.a, libNAME.so, NAME.json and NAME.cdef
     (built in ``out_dir/.aotc/NAME/``, delivered only when the build succeeded; see aotc.build).
 
     ``profile`` builds NAME_run_profiled (per-kernel timestamps; the default build has no timing
     code at all); ``thread_pool=False`` leaves out the pthread pool for systems without threads.
     ``gen_test`` adds the program NAME_test, which checks the library against expected outputs
-    computed now by onnxruntime (or onnx.reference) within ``test_tolerance`` (rtol, atol);
+    computed now by onnxruntime (or onnx.reference) within ``test_tolerance`` (rtol, atol), or on
+    ``test_data``: (inputs in the library's order, expected outputs in the model's) when given;
     ``gen_benchmark`` adds NAME_benchmark, which prints latency percentiles. ``cpp_class``
     (``"ns::Name"``) adds NAME.hpp, a C++ class with the interface tfcompile generated (docs/tfcompile.md).
     ``tag_set``, ``signature`` and ``variables_to_feed`` choose what of a TensorFlow SavedModel
@@ -130,7 +133,7 @@ def compile_model(model: str | Path | onnx.ModelProto | Graph, out_dir: str | Pa
         raise AotcError("--gen-test and --gen-benchmark do not support string inputs: the generated "
                         "programs store inputs as fixed-size binary elements, not strings")
     input_names = [v.name for v in graph.inputs]
-    reference_model = to_onnx(graph) if gen_test else None
+    reference_model = to_onnx(graph) if gen_test and test_data is None else None
     bounded = expose_counts(graph)  # data-dependent outputs get their count outputs (ops/dynamic.py)
     output_names = [v.name for v in graph.outputs]
     times["import"] = time.perf_counter() - t0
@@ -146,11 +149,16 @@ def compile_model(model: str | Path | onnx.ModelProto | Graph, out_dir: str | Pa
     lib = generate(graph, name, input_names, output_names, source, target=tgt, profile=profile, pool=thread_pool,
                    bounded=bounded)
     times["codegen"] = time.perf_counter() - t0
-    if reference_model is not None:
+    if gen_test:
         t0 = time.perf_counter()
         say("reference outputs for the generated test")
-        inputs = random_inputs([(t.dtype, tuple(t.shape)) for t in lib.inputs])
-        expected, ref_name = run_reference(reference_model, inputs)
+        if test_data is not None:
+            (inputs, expected), ref_name = test_data, "given with the model"
+            if len(inputs) != len(lib.inputs):
+                raise AotcError(f"test_data holds {len(inputs)} inputs; {name} takes {len(lib.inputs)}")
+        else:
+            inputs = random_inputs([(t.dtype, tuple(t.shape)) for t in lib.inputs])
+            expected, ref_name = run_reference(reference_model, inputs)
         expected = bounded_layout(lib, expected)
         lib.files.update(test_program(lib, inputs, expected, ref_name, *test_tolerance, thread_pool))
         lib.programs[f"{name}_test"] = [f"{name}_test.c", f"{name}_test_data.S"]

@@ -217,7 +217,8 @@ def resolve(triple: str | None = None, cpu: str | None = None, features: str | N
                         "name or generic")
     feats = _features(features)
     if triple == GENERIC and (cpu != "generic" or feats):
-        raise AotcError("--target generic is plain C for any compiler: it takes no --target-cpu or --target-features")
+        raise AotcError("--target generic is portable C for GCC or Clang: it takes no --target-cpu or "
+                        "--target-features")
     env_cc = os.environ.get("CC")
     cc = env_cc or ("cc" if host else f"{triple}-gcc")
     ar = os.environ.get("AR") or ("ar" if host else f"{triple}-ar")
