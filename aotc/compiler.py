@@ -113,6 +113,7 @@ def compile_model(model: str | Path | onnx.ModelProto | Graph, out_dir: str | Pa
         check_depfile(Path(depfile), [out, *deps])
     times: dict[str, float] = {}
     say = log or (lambda _msg: None)
+    say(f"target {tgt.summary()}")
 
     t0 = time.perf_counter()
     say("import")

@@ -45,7 +45,7 @@ class Isa:
     vtype: str          # the C vector type
     attribute: str      # function attribute enabling the ISA ('' where the compiler flags do)
     include: str        # C lines declaring what the spellings use
-    ops: dict[str, str] = field(repr=False)  # zero, load, store, bcast, fma, add
+    ops: dict[str, str] = field(repr=False, hash=False)  # zero, load, store, bcast, fma, add
     # Macros the compiler predefines when its flags enable this ISA (all of them must be defined).
     macros: tuple[str, ...] = ()
 

@@ -215,6 +215,13 @@ def test_generic_target_builds_with_gcc_and_clang(tmp_path: Path, monkeypatch: p
     assert y.shape == (1, 10) and abs(float(y.sum()) - 1) < 1e-5
 
 
+def test_generic_kernels_are_clean_under_sanitizers(tmp_path: Path) -> None:
+    """The portable vectors (aotc_v4f) of the conv and GEMM kernels under ASan and UBSan."""
+    from onnx_helpers import run_generated_test_under_sanitizers
+
+    run_generated_test_under_sanitizers(small_cnn(), tmp_path, target="generic")
+
+
 def test_load_refuses_a_library_for_another_machine(tmp_path: Path) -> None:
     triple = next(t for t in CROSS if not t.startswith(host_arch()))
     _need(f"{triple}-gcc")
