@@ -77,7 +77,8 @@ class Isa:
 # Tiles: avx2 6x16 = 12 ymm accumulators + 2 for B + 1 broadcast of the 16 registers; avx512 12x32 = 24
 # of 32 zmm; neon 8x12 = 24 of 32 q registers; generic 4x8 with 16-byte vectors, which every target
 # handles (SSE2, NEON, or a scalar fallback). avx2 values were checked on Zen 3
-# (benchmarks/gemm_kernel.py); the others follow the same rules but are untuned.
+# (benchmarks/gemm_kernel.py); the others follow the same rules but are untuned. In order of preference;
+# generic, which needs no macro, last.
 ISAS: dict[str, Isa] = {
     "avx512": Isa(
         "avx512", lanes=16, registers=32, acc_budget=24, fma=True, shuffles256=True, gemm_mr=12, gemm_nv=2,
@@ -105,10 +106,9 @@ ISAS: dict[str, Isa] = {
         ops=dict(zero="aotc_v4f_zero()", load="aotc_v4f_load({p})", store="aotc_v4f_store({p}, {v})",
                  bcast="aotc_v4f_bcast({p})", fma="({a} + {x} * {y})", add="({x} + {y})")),
 }
-# Preference when a compiler's flags enable several (an AVX-512 build also has AVX2 and FMA).
-PREFERENCE = ("avx512", "avx2", "neon", "generic")
 
 
 def isa_for_macros(macros: set[str]) -> Isa:
-    """The ISA whose kernels a compiler with these predefined macros builds (generic when none)."""
-    return next(ISAS[n] for n in PREFERENCE if set(ISAS[n].macros) <= macros)
+    """The ISA whose kernels a compiler with these predefined macros builds: the first entry of the table
+    (in order of preference: an AVX-512 build also has AVX2 and FMA) whose macros are all defined."""
+    return next(e for e in ISAS.values() if set(e.macros) <= macros)
