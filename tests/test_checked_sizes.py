@@ -236,10 +236,14 @@ def _system_macros() -> set[str]:
     in the generated sources (C11, the system headers the templates include, at the highest POSIX
     level they ask for) and in a C program that includes any standard C header, or the templates'
     POSIX ones, before it (GNU C, which adds ``linux``, ``unix`` and glibc's default extensions)."""
+    from aotc.isa import ISAS
+
     headers = set()
-    for path in [*runtime_dir().glob("*.h"), *templates_dir().glob("*.j2")]:
-        headers.update(re.findall(r"#\s*include\s*<([\w/.]+)>", path.read_text()))
-    headers.discard("arm_neon.h")
+    texts = [p.read_text() for p in [*runtime_dir().glob("*.h"), *templates_dir().glob("*.j2")]
+             if not p.name.endswith(".hpp.j2")]  # C++ headers (NAME.hpp) never reach the C sources
+    for text in [*texts, *(isa.include for isa in ISAS.values())]:
+        headers.update(re.findall(r"#\s*include\s*<([\w/.]+)>", text))
+    headers.discard("arm_neon.h")  # not on this host
     found = set()
     def includes(names: set[str]) -> str:
         return "".join(f"#include <{h}>\n" for h in sorted(names))
