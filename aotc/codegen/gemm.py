@@ -37,6 +37,7 @@ from pathlib import Path
 import jinja2
 import numpy as np
 
+from aotc.codegen.affine import Ix, for_each, offset
 from aotc.isa import ISAS
 from aotc.target import L1D_BYTES, L2_BYTES
 
@@ -344,13 +345,22 @@ def render_gemm(spec: GemmSpec, epilogue: str = "", extra_params: str = "") -> s
         if ne:
             names["k_edge_part"] = kernel(me, 1, plan.direct_b, kv_part)
     nb_packed = packed_b_shape(spec)
+    # Work unit u_ is (batch entry, slab): with one batch entry, u_ is the slab and the batch offsets vanish.
+    nslab = _ceil_div(spec.m, mr) if plan.split_m else _ceil_div(spec.n, nr)
+    one = spec.batch == 1
+    unit = Ix.of("u_")
+    bi = Ix() if one else unit // nslab
+    strides = (spec.a_batch_stride, ((nb_packed[1] * nb_packed[2] * nb_packed[3]) if spec.b_batch_stride else 0)
+               if spec.b_const else spec.b_batch_stride, spec.c_batch_stride)
+    at = [offset(p, Ix() if one else Ix.of("bi_") * st) for p, st in zip("ABC", strides, strict=True)]
     ctx = dict(
         spec=spec, plan=plan, isa=isa, vec=ISAS[spec.isa], mr=mr, nr=nr, lanes=isa.lanes,
         M=spec.m, N=spec.n, K=spec.k, KC=plan.kc, MC=plan.mc, NC=plan.nc,
         me=me, np_e=np_e, ne=ne, ars=ars, aks=aks, bps=bps, nshort=nshort, nfull=nfull,
         kernels=list(kernels.values()), **names,
         mslabs=_ceil_div(spec.m, mr), nslabs=_ceil_div(spec.n, nr),
-        packed_b_batch=(nb_packed[1] * nb_packed[2] * nb_packed[3]) if spec.b_batch_stride else 0,
         epilogue=epilogue.strip(), extra_params=extra_params,
+        bi=bi, s0=unit if one else unit % nslab, a_at=at[0], b_at=at[1], c_at=at[2],
+        for_each=for_each,
     )
     return _env().get_template("gemm.c.j2").render(**ctx)

@@ -189,8 +189,8 @@ def generate(graph: Graph, name: str, input_names: list[str], output_names: list
         files[f"{name}_pool.c"] = env().get_template("pool.c.j2").render(**common)
     for start in range(0, len(lib.kernels), KERNELS_PER_FILE):
         fname = f"{name}_kernels_{start // KERNELS_PER_FILE}.c"
-        files[fname] = env().get_template("kernels.c.j2").render(
-            **common, file=fname, kernels=[s.code for s in lib.kernels[start:start + KERNELS_PER_FILE]])
+        includes, codes = hoist_includes([s.code for s in lib.kernels[start:start + KERNELS_PER_FILE]])
+        files[fname] = env().get_template("kernels.c.j2").render(**common, file=fname, includes=includes, kernels=codes)
     lib.consts_bytes = blob.size
     files[f"{name}_internal.h"] = env().get_template("internal.h.j2").render(
         **common, has_consts=blob.size > 0, consts_bytes=blob.size,
@@ -202,6 +202,22 @@ def generate(graph: Graph, name: str, input_names: list[str], output_names: list
         files[header] = (runtime_dir() / header).read_text()
     lib.files = {k: v.encode() if isinstance(v, str) else v for k, v in files.items()}
     return lib
+
+
+def hoist_includes(codes: list[str]) -> tuple[list[str], list[str]]:
+    """The system ``#include`` lines of kernels (each emitter names what it uses), once each in first-use
+    order, and the kernels without them: a file of kernels includes every header once, at its top."""
+    includes: dict[str, None] = {}
+    rest = []
+    for code in codes:
+        lines = []
+        for line in code.split("\n"):
+            if line.startswith("#include <") and line.rstrip().endswith(">"):
+                includes[line.rstrip()] = None
+            else:
+                lines.append(line)
+        rest.append("\n".join(lines))
+    return list(includes), rest
 
 
 def metadata(lib: Library, graph: Graph, extra: dict) -> str:

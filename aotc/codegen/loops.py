@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from aotc.codegen.affine import Ix, task_share
 from aotc.ir import dtypes
 from aotc.ir.graph import Value
 from aotc.ops import OPS
@@ -209,13 +210,12 @@ def emit_loop_kernel(k: Kernel, ptrs: dict[int, str]) -> tuple[str, str | None]:
         code.append(f"{indent}{addr(em.accesses[store])} = {dtypes.store(out.dtype, root_val)};")
         close_loops()
 
-    def kept_from(flat: str) -> None:
+    def kept_from(flat: Ix | str) -> None:
         """Declares the kept loop variables of output number ``flat`` (C with no operator looser than /)."""
         inner = 1
         for g in reversed(kept_groups):
             v = var[g[-1]]
-            div = f" / {inner}" if inner > 1 else ""
-            code.append(f"{indent}const size_t {v} = {flat}{div} % {ext(g)}; (void){v};")
+            code.append(f"{indent}const size_t {v} = {Ix.of(flat) // inner % ext(g)}; (void){v};")
             inner *= ext(g)
 
     def open_kept() -> None:
@@ -223,7 +223,8 @@ def emit_loop_kernel(k: Kernel, ptrs: dict[int, str]) -> tuple[str, str | None]:
         nonlocal indent
         if kept_groups:
             e0 = ext(kept_groups[0])
-            code.append(f"const size_t lo = (size_t){e0} * task / ntasks, hi = (size_t){e0} * (task + 1) / ntasks;")
+            lo, hi = task_share(e0)
+            code.append(f"const size_t lo = {lo}, hi = {hi};")
             for j, g in enumerate(kept_groups):
                 pragma = j == len(kept_groups) - 1 and red is None
                 open_loop(var[g[-1]], "lo" if j == 0 else "0", "hi" if j == 0 else str(ext(g)), pragma=pragma)
@@ -256,7 +257,8 @@ def emit_loop_kernel(k: Kernel, ptrs: dict[int, str]) -> tuple[str, str | None]:
         """Reduces into acc[0], the outermost reduced loop running from ``lo`` to ``hi``."""
         nonlocal indent
         code.append(f"{indent}{rtype} acc[{lanes}];")
-        code.append(f"{indent}for (size_t l = 0; l < {lanes}; l++) acc[l] = {init};")
+        code.append(f"{indent}acc[0] = {init};" if lanes == 1 else
+                    f"{indent}for (size_t l = 0; l < {lanes}; l++) acc[l] = {init};")
         outer_indent = indent
         for j, g in enumerate(red_groups[:-1]):
             open_loop(var[g[-1]], lo if j == 0 else "0", hi if j == 0 else str(ext(g)))
@@ -306,10 +308,11 @@ def emit_loop_kernel(k: Kernel, ptrs: dict[int, str]) -> tuple[str, str | None]:
     chunks = -(-e0 // step)
     assert chunks <= reduction_chunks(k), "partials_bytes sized the buffer for reduction_chunks"
     total = n_out * chunks
-    code.append(f"const size_t lo = (size_t){total} * task / ntasks, hi = (size_t){total} * (task + 1) / ntasks;")
+    lo, hi = task_share(total)
+    code.append(f"const size_t lo = {lo}, hi = {hi};")
     code.append(f"{rtype} *restrict part = ({rtype} *)scratch;")
     open_loop("w", "lo", "hi")
-    kept_from(f"w / {chunks}")
+    kept_from(Ix.of("w") // chunks)
     code.append(f"{indent}const size_t rlo = {step} * (w % {chunks}), "
                 f"rhi = (rlo + {step} < {e0}) ? rlo + {step} : {e0};")
     accumulate("rlo", "rhi")

@@ -106,8 +106,8 @@ def axis_layout(shape: tuple[int, ...], axis: int) -> tuple[int, int, int]:
 def row_loop_head(outer: int, inner: int) -> str:
     """Opens a kernel loop over the (outer, inner) rows of an axis_layout, split over tasks; the row
     starts at ``o * n * inner + k``. The caller closes the brace."""
-    return (f"for (size_t r = task; r < {outer * inner}; r += ntasks) {{\n"
-            f"  const size_t o = r / {max(inner, 1)}, k = r % {max(inner, 1)};\n")
+    split = "o = r, k = 0" if inner <= 1 else f"o = r / {inner}, k = r % {inner}"
+    return f"for (size_t r = task; r < {outer * inner}; r += ntasks) {{\n  const size_t {split};\n"
 
 
 def aligned_inputs(node: Node, ins: list[str]) -> list[str | None]:
