@@ -24,11 +24,12 @@ from aotc.codegen.loops import Access, Emitter, emit_loop_kernel, identity_map
 from aotc.errors import AotcError
 from aotc.ir import dtypes
 from aotc.ir.graph import Graph, Node, Value
-from aotc.ops import OPS, expand_depthwise, winograd
+from aotc.ops import OPS, expand_depthwise
 from aotc.ops import conv as conv_ops
 from aotc.ops import norm as norm_ops
+from aotc.ops.linalg import gemm_batch_strides
 from aotc.passes.fuse import Kernel
-from aotc.target import Target, for_isa
+from aotc.target import Target
 
 
 @dataclass
@@ -92,24 +93,13 @@ def _external(k: Kernel) -> tuple[list[tuple[Value, str]], list[str], dict[int, 
 def matmul_spec(mm: Node, target: Target, fn: str = "gemm") -> gemm_gen.GemmSpec | None:
     """The GEMM template's spec for MatMul node ``mm``; None when the naive loop computes it (other
     dtypes, empty operands, batch dims that broadcast on both sides)."""
-    a, b = mm.inputs[0], mm.inputs[1]
-    assert a is not None and b is not None
-    out = mm.outputs[0]
-    if out.dtype != np.float32 or len(a.shape) < 2 or len(b.shape) < 2 or 0 in (*a.shape, *b.shape):
+    strides = gemm_batch_strides(mm)
+    if strides is None:
         return None
+    a, b = mm.inputs[0], mm.inputs[1]
     m, kk = a.shape[-2:]
     n = b.shape[-1]
-    nb = int(np.prod(out.shape[:-2]))
-    strides = []
-    for x, per in ((a, m * kk), (b, kk * n)):
-        xb = int(np.prod(x.shape[:-2]))
-        if xb == nb and tuple(x.shape[:-2]) == tuple(out.shape[len(out.shape) - len(x.shape):-2]) \
-                and len(x.shape) == len(out.shape):
-            strides.append(per if nb > 1 else 0)
-        elif xb == 1:
-            strides.append(0)
-        else:
-            return None
+    nb = int(np.prod(mm.outputs[0].shape[:-2]))
     return gemm_gen.GemmSpec(fn=fn, m=m, n=n, k=kk, batch=nb, a_batch_stride=strides[0],
                              b_batch_stride=strides[1], c_batch_stride=m * n if nb > 1 else 0,
                              b_const=b.is_const, isa=target.isa.name, l1d_bytes=target.l1d_bytes,
@@ -120,13 +110,6 @@ def gemm_spec(k: Kernel, target: Target, fn: str = "gemm") -> gemm_gen.GemmSpec 
     """The GEMM template's spec for a MatMul kernel; None when the naive loop is used."""
     assert k.gemm is not None
     return matmul_spec(k.gemm, target, fn)
-
-
-def takes_epilogue(mm: Node, out: Value) -> bool:
-    """Whether MatMul ``mm`` can be emitted with a fused elementwise epilogue whose result is ``out``:
-    only the GEMM template has one (the naive loop has none), and it stores float32. The fusion pass
-    asks this before fusing, so it never builds a kernel the emitter cannot write."""
-    return out.dtype == np.float32 and out.shape == mm.outputs[0].shape and matmul_spec(mm, for_isa()) is not None
 
 
 def scratch_bytes(k: Kernel, target: Target, ntasks: int) -> int:
@@ -310,24 +293,16 @@ def _emit_conv(k: Kernel, fn: str, target: Target) -> KernelSource:
     epi = _conv_epilogue(k, ptrs, node.outputs[0], out)
     if k.expand is not None:
         return _emit_expand_depthwise(k, fn, target, args, names, ptrs, epi)
-    path = conv_ops.conv_path(node, target)
+    op = OPS[node.op]
+    assert op.emit is not None and op.pack is not None
     packed = None
-    if path in ("tiled", "rows", "winograd"):  # weights packed at compile time into the kernel's layout
-        g = conv_ops.geometry(node)
-        bc = None if b is None else b.const
-        rows = conv_ops.rows_plan(g, target) if path == "rows" else None
-        if path == "winograd":
-            arr = winograd.pack_winograd_weights(w.const, bc, g, winograd.winograd_plan(g, target))
-        elif rows is not None:
-            arr = conv_ops.pack_rows_weights(w.const, bc, g, rows[0])
-        else:
-            arr = conv_ops.pack_conv_weights(w.const, bc, g, conv_ops.tile_plan(g, target))
+    arr = op.pack(node, target)  # weights packed at compile time into the kernel's layout
+    if arr is not None:
         args.append((Graph.constant(arr, f"{w.name}_packed"), "in"))
         names.append("in_packed")
         packed = "in_packed"
     bname = ptrs[id(b)] if b is not None else None
-    helpers, body = conv_ops.conv_kernel(node, ptrs[id(x)], ptrs[id(w)], bname, ptrs[id(out)], target, fn,
-                                         epi, packed)
+    helpers, body = op.emit(node, ptrs[id(x)], ptrs[id(w)], bname, ptrs[id(out)], target, fn, epi, packed)
     return _function(fn, k, args, names, body, scratch=scratch_bytes(k, target, 1) > 0, helpers=helpers)
 
 
@@ -351,7 +326,7 @@ def _emit_expand_depthwise(k: Kernel, fn: str, target: Target, args: list[tuple[
 def _naive_matmul(k: Kernel, fn: str, args, names, ptrs) -> KernelSource:
     """MatMul for non-float32 dtypes and unusual broadcasts: a plain triple loop."""
     mm = k.gemm
-    assert mm is not None and len(k.nodes) == 1, "epilogue fusion requires the GEMM template (takes_epilogue)"
+    assert mm is not None and len(k.nodes) == 1, "only the GEMM template takes an epilogue (can_take_epilogue)"
     a, b = mm.inputs[0], mm.inputs[1]
     out = mm.outputs[0]
     a2 = (1, *a.shape) if len(a.shape) == 1 else a.shape

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from aotc.errors import AotcError
-from aotc.ir.graph import Node
+from aotc.ir.graph import Node, Value
 from aotc.ops.common import lowest
 from aotc.ops.registry import OpDef, register
 
@@ -1408,8 +1408,41 @@ def _pool_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
     return _task_loop(g.n * g.c, "\n".join("  " + ln for ln in lines))
 
 
-# No emit: fusion makes every Conv a conv kernel (aotc/codegen/kernels.py, conv_kernel above).
-register(OpDef("Conv", "kernel", _infer))
+def pack_weights(node: Node, target: Target) -> np.ndarray | None:
+    """Conv ``node``'s weights (and bias) packed at compile time into its path's layout, or None for
+    the paths that read them as they are (depthwise, generic)."""
+    path = conv_path(node, target)
+    if path not in ("tiled", "rows", "winograd"):
+        return None
+    g = geometry(node)
+    w, b = node.inputs[1], node.inputs[2] if len(node.inputs) > 2 else None
+    bc = None if b is None else b.const
+    if path == "winograd":
+        wg = _winograd()
+        return wg.pack_winograd_weights(w.const, bc, g, wg.winograd_plan(g, target))
+    rows = rows_plan(g, target) if path == "rows" else None
+    if rows is not None:
+        return pack_rows_weights(w.const, bc, g, rows[0])
+    return pack_conv_weights(w.const, bc, g, tile_plan(g, target))
+
+
+def can_take_epilogue(node: Node, out: Value, target: Target) -> bool:
+    """Every conv path applies an elementwise chain to each output value before its store, in the
+    Conv's own dtype."""
+    y = node.outputs[0]
+    return out.shape == y.shape and out.dtype == y.dtype
+
+
+def can_take_prologue(node: Node, producer: Node, target: Target) -> bool:
+    """A depthwise conv computes its input inside when that is an expanding 1x1 Conv
+    (aotc.ops.expand_depthwise)."""
+    from aotc.ops.expand_depthwise import fusable
+    return producer.op == "Conv" and fusable(producer, node, target)
+
+
+# Fusion makes every Conv a conv kernel, written by conv_kernel with its epilogue (aotc/codegen/kernels.py).
+register(OpDef("Conv", "conv", _infer, emit=conv_kernel, pack=pack_weights, can_take_epilogue=can_take_epilogue,
+               can_take_prologue=can_take_prologue))
 register(OpDef("ConvTranspose", "kernel", _infer, emit=_conv_transpose_emit))
 for _op in ("MaxPool", "AveragePool", "LpPool", "GlobalAveragePool", "GlobalMaxPool"):
     register(OpDef(_op, "kernel", _infer, emit=_pool_emit))

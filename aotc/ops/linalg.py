@@ -3,10 +3,17 @@ is the one op the GEMM template kernel implements (with its epilogue fused by th
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+import numpy as np
+
 from aotc.errors import AotcError
-from aotc.ir.graph import Node
+from aotc.ir.graph import Node, Value
 from aotc.ops.common import broadcast_shapes
 from aotc.ops.registry import OpDef, register
+
+if TYPE_CHECKING:
+    from aotc.target import Target
 
 
 def matmul_shape(a: tuple[int, ...], b: tuple[int, ...], where: str) -> tuple[int, ...]:
@@ -49,7 +56,37 @@ def _gemm_infer(node: Node):
     return [((m, n), a.dtype)]
 
 
-register(OpDef("MatMul", "gemm", _matmul_infer))
+def gemm_batch_strides(mm: Node) -> tuple[int, int] | None:
+    """The per-batch element strides of MatMul ``mm``'s A and B in the GEMM template (0: shared by
+    every batch entry); None when the naive loop computes it (other dtypes, empty operands, batch dims
+    that broadcast on both sides)."""
+    a, b = mm.inputs[0], mm.inputs[1]
+    assert a is not None and b is not None
+    out = mm.outputs[0]
+    if out.dtype != np.float32 or len(a.shape) < 2 or len(b.shape) < 2 or 0 in (*a.shape, *b.shape):
+        return None
+    m, kk = a.shape[-2:]
+    n = b.shape[-1]
+    nb = int(np.prod(out.shape[:-2]))
+    strides = []
+    for x, per in ((a, m * kk), (b, kk * n)):
+        xb = int(np.prod(x.shape[:-2]))
+        if xb == nb and tuple(x.shape[:-2]) == tuple(out.shape[len(out.shape) - len(x.shape):-2]) \
+                and len(x.shape) == len(out.shape):
+            strides.append(per if nb > 1 else 0)
+        elif xb == 1:
+            strides.append(0)
+        else:
+            return None
+    return strides[0], strides[1]
+
+
+def _matmul_takes_epilogue(mm: Node, out: Value, target: Target) -> bool:
+    """Only the GEMM template has an epilogue (the naive loop has none), and it stores float32."""
+    return out.dtype == np.float32 and out.shape == mm.outputs[0].shape and gemm_batch_strides(mm) is not None
+
+
+register(OpDef("MatMul", "gemm", _matmul_infer, can_take_epilogue=_matmul_takes_epilogue))
 # Only lives until the simplifier rewrites it (fold and inference still need it).
 register(OpDef("Gemm", "gemm", _gemm_infer))
 

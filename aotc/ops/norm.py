@@ -11,12 +11,17 @@ always computed whole by one task, so results do not depend on ``ntasks``.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from aotc.errors import AotcError
 from aotc.ir.graph import Node, Value
 from aotc.ops.common import c_literal, norm_axis, optional_input
-from aotc.ops.registry import OpDef, register
+from aotc.ops.registry import OPS, OpDef, register
+
+if TYPE_CHECKING:
+    from aotc.target import Target
 
 # Lanes of the row sums: 16 on short rows; on long ones 256 bytes of them (8 AVX2 registers), enough
 # independent adds to hide their latency -- 16 lanes (two chains) made LayerNorm's two sums
@@ -200,7 +205,13 @@ def layernorm_kernel(node: Node, ins: list[str], outs: list[str], ctype: str,
                        outs[0], scale, bias, mean_out, inv_out, fill)
 
 
-register(OpDef("LayerNormalization", "kernel", _ln_infer, emit=layernorm_kernel))
+def _ln_takes_prologue(node: Node, producer: Node, target: Target) -> bool:
+    """The row kernel can compute a float input row from its elementwise chain (e.g. a GELU) into the
+    output row and normalize it there while it is in L1 (aotc/codegen/kernels.py)."""
+    return OPS[producer.op].kind == "elementwise" and node.inputs[0].dtype in (np.float32, np.float64)
+
+
+register(OpDef("LayerNormalization", "kernel", _ln_infer, emit=layernorm_kernel, can_take_prologue=_ln_takes_prologue))
 
 
 # -- InstanceNormalization / GroupNormalization -----------------------------------------------

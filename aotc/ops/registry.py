@@ -7,18 +7,26 @@ how it lowers to C. Lowering comes in kinds that the fusion pass understands:
 - ``view``: ``view`` remaps output indices to input indices (transpose, broadcast, slice); fused.
 - ``alias``: the output is the input's bytes with another shape (reshape); costs nothing.
 - ``reduce``: ``reduction`` describes map/combine/finalize; fused with its producers and consumers.
-- ``kernel``: a template kernel written by ``emit`` (GEMM, softmax, concat, ...).
+- ``gemm`` / ``conv``: template kernels (matrix product, convolution) that may take an elementwise
+  epilogue; a ``conv`` op's ``emit`` writes the kernel with it (``aotc.ops.conv.conv_kernel``).
+- ``kernel``: a template kernel written by ``emit`` (softmax, concat, ...).
+
+What a kernel may hold is decided by its emitter, next to it, through two hooks the fusion pass asks
+(so it never builds a kernel the emitter cannot write): ``can_take_epilogue`` and ``can_take_prologue``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from aotc.ir.graph import Node
+from aotc.ir.graph import Node, Value
+
+if TYPE_CHECKING:
+    from aotc.target import Target
 
 Shape = tuple[int, ...]
 InferFn = Callable[[Node], list[tuple[Shape, np.dtype]]]
@@ -50,6 +58,14 @@ class OpDef:
     const_inputs: tuple[int, ...] = ()
     # ``kernel`` ops only: bytes of scratch one task needs (the emitted code gets ``scratch``).
     scratch: Callable[[Node], int] | None = None
+    # ``gemm``/``conv`` ops: whether the op's kernel can apply a fused elementwise chain (at the op's
+    # output shape) whose result is ``out`` to each value before storing it.
+    can_take_epilogue: Callable[[Node, Value, Target], bool] | None = None
+    # Whether the op's kernel can compute its first input itself from ``producer`` (the node writing
+    # that input, read by this op alone): an elementwise node, or the head of another kernel.
+    can_take_prologue: Callable[[Node, Node, Target], bool] | None = None
+    # ``conv`` ops: the weights packed at compile time into the kernel's layout, or None.
+    pack: Callable[[Node, Target], np.ndarray | None] | None = None
 
 
 OPS: dict[str, OpDef] = {}

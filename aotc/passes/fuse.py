@@ -8,21 +8,22 @@ Kernels are grown backwards from their last node, XLA-style producer->consumer f
 - a MatMul whose only consumer chain is elementwise at the same shape becomes a GEMM kernel with
   that chain as its epilogue, e.g. ``relu(x @ W + b)``; a Conv likewise becomes a conv kernel with its
   elementwise chain (folded BatchNorm, Relu/Clip/HardSwish, a residual Add) as epilogue;
-- a 1x1 conv that widens the channels (+ its epilogue) fuses into the depthwise conv that is its only
-  consumer (``aotc/ops/expand_depthwise.py``): the expanded tensor stays in per-task scratch;
-- a LayerNormalization takes the elementwise chain computing its input into its row kernel;
+- a kernel may compute its input itself (its prologue): a 1x1 conv that widens the channels (+ its
+  epilogue) fuses into the depthwise conv that is its only consumer (``aotc/ops/expand_depthwise.py``:
+  the expanded tensor stays in per-task scratch); a LayerNormalization takes the elementwise chain
+  computing its input into its row kernel;
 - other ops (softmax, concat, ...) are template kernels of their own; aliases (reshapes) are free.
+
+Which heavy op takes an epilogue or a prologue is the emitter's decision, asked through its ``OpDef``
+hooks ``can_take_epilogue`` / ``can_take_prologue`` (aotc/ops/registry.py); this pass names no op.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from aotc.ir.graph import Graph, Node, Value
 from aotc.ops import OPS
-from aotc.ops.expand_depthwise import fusable
 from aotc.target import Target
 
 
@@ -103,18 +104,18 @@ def fuse(graph: Graph, target: Target) -> bool:
             k = Kernel("loop", node, [node], reduce=node if kind == "reduce" else None)
         elif kind == "gemm":
             k = Kernel("gemm", node, [node], gemm=node)
-        elif node.op == "Conv":
+        elif kind == "conv":
             k = Kernel("conv", node, [node], conv=node)
         else:
             k = Kernel("op", node, [node])
         owner[id(node)] = k
         if k.kind == "loop":
-            _grow(k, users, fetched, owner)
-        elif node.op == "LayerNormalization":
-            _grow_norm_input(k, users, fetched, owner)
+            _grow(k, users, fetched, owner, target)
+        elif OPS[node.op].can_take_prologue is not None:
+            _grow_prologue(k, users, fetched, owner, target)
         kernels.append(k)
     kernels.reverse()
-    kernels = _fuse_expand_depthwise(kernels, users, fetched, target)
+    kernels = _fuse_prologue_kernels(kernels, users, fetched, target)
     order = {id(n): i for i, n in enumerate(graph.nodes)}
     for i, k in enumerate(kernels):
         k.index = i
@@ -123,55 +124,62 @@ def fuse(graph: Graph, target: Target) -> bool:
     return True
 
 
-def _fuse_expand_depthwise(kernels: list[Kernel], users: dict[int, list[Node]],
+def _head(k: Kernel) -> Node:
+    """The node a kernel is written around: its MatMul or Conv, else its root."""
+    return k.gemm or k.conv or k.root
+
+
+def _fuse_prologue_kernels(kernels: list[Kernel], users: dict[int, list[Node]],
                            fetched: set[int], target: Target) -> list[Kernel]:
-    """Merge each expanding 1x1 conv kernel into the depthwise conv kernel that alone reads its
-    output. The 1x1 kernel's epilogue must read nothing but constants: the fused kernel has no
-    buffer for another tensor at the expanded shape."""
-    by_output = {id(k.root.outputs[0]): k for k in kernels if k.kind == "conv" and len(k.root.outputs) == 1}
+    """Merge a kernel into the one whose head alone reads its output, where that head's emitter takes
+    the producer's head as its prologue (an expanding 1x1 conv into its depthwise conv). The producer's
+    epilogue must read nothing but constants: the merged kernel has no buffer for another tensor at
+    the intermediate shape."""
+    by_output = {id(k.root.outputs[0]): k for k in kernels if len(k.root.outputs) == 1}
     merged: set[int] = set()
     for k in kernels:
-        x = k.conv.inputs[0] if k.kind == "conv" and k.conv is not None and k.expand is None else None
+        h = _head(k)
+        hook = OPS[h.op].can_take_prologue
+        x = h.inputs[0] if hook is not None and k.expand is None and h.inputs else None
         a = by_output.get(id(x)) if x is not None else None
-        if a is None or a.conv is None or a.expand is not None or id(x) in fetched \
-                or [id(u) for u in users[id(x)]] != [id(k.conv)] or any(v is x for v in k.conv.inputs[1:]):
+        if a is None or a is k or a.expand is not None or id(x) in fetched \
+                or [id(u) for u in users[id(x)]] != [id(h)] or any(v is x for v in h.inputs[1:]):
             continue
+        ah = _head(a)
         inside = {id(v) for n in a.nodes for v in n.outputs}
         if any(v is not None and not v.is_const and id(v) not in inside
-               for n in a.nodes if n is not a.conv for v in n.inputs):
+               for n in a.nodes if n is not ah for v in n.inputs):
             continue
-        if not fusable(a.conv, k.conv, target):
+        if not hook(h, ah, target):
             continue
         k.nodes = a.nodes + k.nodes
-        k.expand = a.conv
+        k.expand = ah
         merged.add(id(a))
     return [k for k in kernels if id(k) not in merged]
 
 
-def _grow_norm_input(k: Kernel, users: dict[int, list[Node]], fetched: set[int],
-                     owner: dict[int, Kernel]) -> None:
-    """Pull the elementwise chain computing a LayerNorm's input (e.g. a GELU) into its row kernel.
-
-    The row kernel computes each input row into its output row and normalizes it there while it
-    is in L1, so the input tensor is never written to memory and read back."""
-    x = k.root.inputs[0]
+def _grow_prologue(k: Kernel, users: dict[int, list[Node]], fetched: set[int],
+                   owner: dict[int, Kernel], target: Target) -> None:
+    """Pull the elementwise chain computing the input of ``k``'s op (e.g. a GELU before a LayerNorm)
+    into its kernel when the op's emitter takes it (``can_take_prologue``): the input tensor is then
+    never written to memory and read back."""
+    hook = OPS[k.root.op].can_take_prologue
+    x = k.root.inputs[0] if k.root.inputs else None
     p = x.producer if x is not None else None
-    if x is None or p is None or x.is_const or id(p) in owner or id(x) in fetched \
-            or x.dtype not in (np.float32, np.float64) or len(p.outputs) != 1 \
+    if hook is None or x is None or p is None or x.is_const or id(p) in owner or id(x) in fetched \
+            or len(p.outputs) != 1 or OPS[p.op].kind != "elementwise" \
             or any(u is not k.root for u in users[id(x)]) or any(v is x for v in k.root.inputs[1:]) \
-            or OPS[p.op].kind != "elementwise":
+            or not hook(k.root, p, target):
         return
     owner[id(p)] = k
     k.nodes.append(p)
-    _grow(k, users, fetched, owner, start=[p])
+    _grow(k, users, fetched, owner, target, start=[p])
 
 
 def _grow(k: Kernel, users: dict[int, list[Node]], fetched: set[int], owner: dict[int, Kernel],
-          start: list[Node] | None = None) -> None:
+          target: Target, start: list[Node] | None = None) -> None:
     """Add to ``k`` the producers of ``start`` (default: all of k's nodes) that may fuse into it."""
-    from aotc.codegen.kernels import takes_epilogue  # the GEMM emitter's own rule (it imports Kernel)
-
-    out_shape = k.root.outputs[0].shape
+    out = k.root.outputs[0]
     work = list(k.nodes if start is None else start)
     while work:
         n = work.pop()
@@ -181,26 +189,24 @@ def _grow(k: Kernel, users: dict[int, list[Node]], fetched: set[int], owner: dic
                 continue
             if len(p.outputs) != 1 or any(id(u) not in {id(x) for x in k.nodes} for u in users[id(v)]):
                 continue
-            kind = OPS[p.op].kind
-            ok = kind in ("elementwise", "view")
-            if kind == "reduce" and k.kind == "loop" and k.reduce is None and v.shape == out_shape \
+            op = OPS[p.op]
+            ok = op.kind in ("elementwise", "view")
+            if op.kind == "reduce" and k.kind == "loop" and k.reduce is None and v.shape == out.shape \
                     and all(OPS[x.op].kind == "elementwise" for x in k.nodes):
                 k.reduce = p
                 ok = True
-            if kind == "gemm" and p.op == "MatMul" and k.kind == "loop" and k.reduce is None \
-                    and takes_epilogue(p, k.root.outputs[0]) \
-                    and all(OPS[x.op].kind == "elementwise" for x in k.nodes):
-                k.kind, k.gemm = "gemm", p
+            if op.can_take_epilogue is not None and k.kind == "loop" and k.reduce is None \
+                    and all(OPS[x.op].kind == "elementwise" for x in k.nodes) \
+                    and op.can_take_epilogue(p, out, target):
+                # The kernel becomes the op's template kernel, the loop's nodes its epilogue.
+                if op.kind == "gemm":
+                    k.kind, k.gemm = "gemm", p
+                else:
+                    assert op.kind == "conv", f"{p.op}: can_take_epilogue on a {op.kind} op"
+                    k.kind, k.conv = "conv", p
                 owner[id(p)] = k
                 k.nodes.append(p)
-                continue  # the MatMul's operands are read from memory, not fused
-            if p.op == "Conv" and k.kind == "loop" and k.reduce is None and v.shape == out_shape \
-                    and k.root.outputs[0].dtype == v.dtype \
-                    and all(OPS[x.op].kind == "elementwise" for x in k.nodes):
-                k.kind, k.conv = "conv", p
-                owner[id(p)] = k
-                k.nodes.append(p)
-                continue  # the Conv's operands are read from memory
+                continue  # the op's operands are read from memory, not fused
             if not ok:
                 continue
             owner[id(p)] = k
