@@ -15,7 +15,6 @@ from aotc.dump import write_dumps, write_summary
 from aotc.ir.graph import Graph
 from aotc.passes.fuse import fuse
 from aotc.passes.layout import optimize_layout
-from aotc.passes.layout import optimize_layout
 from aotc.passes.memory import plan_memory
 from aotc.passes.patterns import rewrite_patterns
 from aotc.passes.propagate import propagate
@@ -49,7 +48,6 @@ DEFAULT_PASSES = [
     Pass("prune", prune),
     Pass("propagate", propagate),   # shape/dtype inference + constant folding
     Pass("patterns", rewrite_patterns),  # decomposed LayerNorm / GELU -> one op each
-    Pass("layout", optimize_layout),  # Transposes sunk until inverse pairs cancel (NHWC graphs)
     Pass("layout", optimize_layout),  # Transposes sunk until inverse pairs cancel (NHWC graphs)
     Pass("simplify", simplify_to_fixpoint),
     Pass("prune_again", prune),
