@@ -1,4 +1,4 @@
-"""The affine index expressions of aotc.codegen.affine fold constants, and the generated C shows it."""
+"""The affine index expressions of aotc.ops.affine fold constants, and the generated C shows it."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import re
 
 from test_cross_targets import small_cnn, transformer_block
 
-from aotc.codegen.affine import Ix, for_each, offset, task_share
 from aotc.codegen.library import generate
 from aotc.frontends.onnx import import_onnx
+from aotc.ops.affine import Ix, for_each, offset, task_share
 from aotc.passes.pipeline import run_passes
 from aotc.target import resolve
 

@@ -37,8 +37,8 @@ from pathlib import Path
 import jinja2
 import numpy as np
 
-from aotc.codegen.affine import Ix, for_each, offset
 from aotc.isa import ISAS
+from aotc.ops.affine import Ix, for_each, offset
 from aotc.target import L1D_BYTES, L2_BYTES
 
 __all__ = ["GemmSpec", "IsaParams", "gemm_params", "GemmPlan", "plan_gemm", "pack_b", "packed_b_shape",

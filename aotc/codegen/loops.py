@@ -24,10 +24,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from aotc.codegen.affine import Ix, task_share
 from aotc.ir import dtypes
 from aotc.ir.graph import Value
 from aotc.ops import OPS
+from aotc.ops.affine import Ix, task_share
 from aotc.ops.common import c_literal, contiguous_strides, highest, lowest
 from aotc.ops.elementwise import math_fn
 from aotc.ops.reduce import reduce_axes
@@ -139,6 +139,8 @@ def emit_loop_kernel(k: Kernel, ptrs: dict[int, str]) -> tuple[str, str | None]:
     """C statements for the kernel body (``ptrs`` names the pointer of every value in memory) and,
     for a reduction split into chunks, those of the second phase that combines the chunks."""
     out = k.outputs[0]
+    if out.size == 0:  # loops of no trips would only draw compiler warnings
+        return "(void)args; /* no elements: nothing to read or write */", None
     red = k.reduce
     if red is not None:
         x = red.inputs[0]
@@ -195,7 +197,7 @@ def emit_loop_kernel(k: Kernel, ptrs: dict[int, str]) -> tuple[str, str | None]:
     def open_loop(name: str, lo: str, hi: str, pragma: bool = False) -> None:
         nonlocal indent
         if pragma:
-            code.append(indent + "#pragma GCC ivdep")
+            code.append(indent + "AOTC_IVDEP")
         code.append(f"{indent}for (size_t {name} = {lo}; {name} < {hi}; {name}++) {{")
         indent += "  "
 
@@ -259,6 +261,8 @@ def emit_loop_kernel(k: Kernel, ptrs: dict[int, str]) -> tuple[str, str | None]:
         code.append(f"{indent}{rtype} acc[{lanes}];")
         code.append(f"{indent}acc[0] = {init};" if lanes == 1 else
                     f"{indent}for (size_t l = 0; l < {lanes}; l++) acc[l] = {init};")
+        if n_red == 0:  # an empty reduction is its initial value (one lane: no loop has LANES trips)
+            return
         outer_indent = indent
         for j, g in enumerate(red_groups[:-1]):
             open_loop(var[g[-1]], lo if j == 0 else "0", hi if j == 0 else str(ext(g)))

@@ -108,10 +108,9 @@ def _variadic(op: str) -> ExprFn:
         for y in x[1:]:
             if op == "+":
                 acc = f"({acc} + {y})"
-            elif op == "max":  # NaN propagates, as in numpy and onnxruntime
-                acc = f"(({acc} != {acc} || {acc} > {y}) ? {acc} : {y})"
-            else:
-                acc = f"(({acc} != {acc} || {acc} < {y}) ? {acc} : {y})"
+            else:  # NaN propagates, as in numpy and onnxruntime (integers have none)
+                nan = f"{acc} != {acc} || " if t in FLOAT_CTYPES else ""
+                acc = f"(({nan}{acc} {'>' if op == 'max' else '<'} {y}) ? {acc} : {y})"
         if node.op == "Mean":
             acc = f"({acc} / {c_literal(len(x), t)})"
         return acc

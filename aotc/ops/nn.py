@@ -7,6 +7,7 @@ import numpy as np
 from aotc.errors import AotcError
 from aotc.ir import dtypes
 from aotc.ir.graph import Node
+from aotc.ops.affine import for_each
 from aotc.ops.common import axis_layout, const_input, norm_axis, row_loop_head
 from aotc.ops.registry import OpDef, register
 
@@ -261,7 +262,7 @@ def _loss_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
     sce = node.op == "SoftmaxCrossEntropyLoss"
     lp = outs[1] if len(outs) > 1 else None
     lines = ["if (task != 0) return;", "double sl = 0, sw = 0;",
-             f"for (size_t i = 0; i < {n}; i++) for (size_t k = 0; k < {d}; k++) {{",
+             f"for (size_t i = 0; i < {n}; i++) {for_each('k', 0, d)}",
              f"  const {ctype} *xr = {ins[0]} + i * {c * d} + k;",
              "  double lse = 0;"]
     if sce:  # log-softmax over the class axis, max-shifted
@@ -283,7 +284,7 @@ def _loss_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
     if red == "mean":
         lines.append(f"{outs[0]}[0] = ({ctype})(sl / sw);")
     elif red == "sum":
-        lines.append(f"{outs[0]}[0] = ({ctype})sl;")
+        lines.append(f"{outs[0]}[0] = ({ctype})sl; (void)sw;")
     else:
         lines.append("(void)sl; (void)sw;")
     return "\n".join(lines)

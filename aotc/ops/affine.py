@@ -1,4 +1,5 @@
-"""Index expressions for generated C that fold their constants as they are built.
+"""Index expressions for generated C that fold their constants as they are built (used by the op
+emitters and by codegen, so it lives with the ops, below codegen).
 
 Emitters used to paste sizes into fixed C text, so a size of 1 or a stride of 0 came out as
 ``t / 1 % 1``, ``x * (size_t)0`` or ``for (l = 0; l < 1; l++)``. An ``Ix`` is a sum of
