@@ -1,4 +1,4 @@
-"""An expanding 1x1 conv fused into the depthwise conv that reads it (aotc/ops/expand_depthwise.py):
+"""An expanding 1x1 conv fused into the depthwise conv that reads it (aotc/ops/conv/expand_depthwise.py):
 which pairs fuse, and fused pairs against onnxruntime -- strides, padding, partial channel blocks,
 batches, epilogues on both convs, thread counts, a 4-lane target and the sanitizers."""
 

@@ -1,4 +1,4 @@
-"""The Winograd conv path (aotc/ops/winograd.py): its transforms, and convs that take it against
+"""The Winograd conv path (aotc/ops/conv/winograd.py): its transforms, and convs that take it against
 onnxruntime -- both tile sizes, partial tiles, tile rows narrower than a vector, several tile rows
 per work unit, batches, fused epilogues, thread counts, a 4-lane target and the sanitizers."""
 
@@ -15,7 +15,7 @@ import aotc
 from aotc.compiler import compile_model
 from aotc.ir.graph import Node, Value
 from aotc.ops import conv as conv_ops
-from aotc.ops import winograd
+from aotc.ops.conv import winograd
 from aotc.target import for_isa
 
 pytest.importorskip("onnxruntime")

@@ -9,7 +9,7 @@ per-task scratch (the 1x1 path's register tile, its epilogue applied there), and
 conv on each plane while it is in L2: the expanded tensor never reaches memory.
 
 The fusion pass (``passes/fuse.py``) merges the two conv kernels when ``fusable`` holds; the
-depthwise part is the phase path of ``aotc/ops/conv.py`` with its input plane taken from scratch.
+depthwise part is the phase path of ``depthwise.py`` with its input plane taken from scratch.
 """
 
 from __future__ import annotations
@@ -19,21 +19,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from aotc.ir.graph import Node
-from aotc.ops.conv import (
-    WRITE_OUT,
-    Epilogue,
-    Geometry,
-    _block_count,
-    _epi_block,
-    _phase_areas,
-    _phase_rowbuf,
-    _use_phase,
-    bcast_tile_kernel,
-    geometry,
-    pack_rows_weights,
-    phase_unit,
-    rows_plan,
-)
+from aotc.ops.conv.common import WRITE_OUT, Epilogue, Geometry, bcast_tile_kernel, block_count, epi_block, geometry
+from aotc.ops.conv.depthwise import phase_areas, phase_rowbuf, phase_unit, use_phase
+from aotc.ops.conv.rows import pack_rows_weights, rows_plan
 
 if TYPE_CHECKING:
     from aotc.target import Target
@@ -57,7 +45,7 @@ def fusable(expand: Node, dw: Node, target: Target) -> bool:
     ge, gd = geometry(expand), geometry(dw)
     return (ge.group == 1 and ge.taps == 1 and all(v == 1 for v in ge.s) and not any(ge.pb) and not any(ge.pe)
             and ge.m > ge.c and ge.out_size > 64 and ge.c * ge.in_size * 4 <= target.l2_bytes * 3 // 4
-            and gd.group == gd.c == gd.m == ge.m and _use_phase(gd))
+            and gd.group == gd.c == gd.m == ge.m and use_phase(gd))
 
 
 def _plan(ge: Geometry, target: Target) -> tuple[int, int, int]:
@@ -79,8 +67,8 @@ def _expanded_floats(ge: Geometry, target: Target) -> int:
 
 def scratch_floats(ge: Geometry, gd: Geometry, target: Target) -> int:
     """Per task: the expanded planes, then one set of the phase path's planes, row copy and flat output."""
-    area, nqv = _phase_areas(gd)
-    return _expanded_floats(ge, target) + area + _phase_rowbuf(gd) + nqv
+    area, nqv = phase_areas(gd)
+    return _expanded_floats(ge, target) + area + phase_rowbuf(gd) + nqv
 
 
 def kernel(ge: Geometry, gd: Geometry, x: str, packed: str, wd: str, bd: str | None, y: str, target: Target,
@@ -99,7 +87,7 @@ def kernel(ge: Geometry, gd: Geometry, x: str, packed: str, wd: str, bd: str | N
     nb = -(-M // mb)
     units = ge.n * nb
     wsize = nb * C * mb
-    area = _phase_areas(gd)[0]
+    area = phase_areas(gd)[0]
     helpers = target.isa.include + "\n"
     helpers += bcast_tile_kernel(target, f"{fn}_rows", mb, nv, IS, pv, str(C)) + "\n"
     dw_helper, dw_lines, flat = phase_unit(gd, "", wd, bd, y, target, epi_d, f"{fn}_dw", double=False,
@@ -107,13 +95,13 @@ def kernel(ge: Geometry, gd: Geometry, x: str, packed: str, wd: str, bd: str | N
     head = [f"float *restrict E = scratch + task * (size_t){scratch_floats(ge, gd, target)};",
             f"float *restrict ph = E + {_expanded_floats(ge, target)};",
             f"float *restrict rb = ph + {area}; (void)rb;",
-            *([f"float *restrict vo = rb + {_phase_rowbuf(gd)};"] if flat else []),
+            *([f"float *restrict vo = rb + {phase_rowbuf(gd)};"] if flat else []),
             f"const size_t u0 = (size_t){units} * task / ntasks, u1 = (size_t){units} * (task + 1) / ntasks;"]
     body = ["for (size_t u = u0; u < u1; u++) {",
             f"  const size_t blk = u % {nb}, n = u / {nb};",
             f"  const float *xg = {x} + n * {C * IS};",
             f"  const float *wp = {packed} + blk * {C * mb}, *bias = {packed} + {wsize} + blk * {mb};",
-            f"  const size_t c0 = blk * {mb}, cn = {_block_count(M, mb)};",
+            f"  const size_t c0 = blk * {mb}, cn = {block_count(M, mb)};",
             # The expanded planes: tiles of MB channels x PV positions (the last tile overlaps).
             f"  for (size_t s0 = 0; s0 < {IS}; s0 += {pv}) {{",
             f"    const size_t sb = s0 + {pv} <= {IS} ? s0 : {IS - pv};",
@@ -126,7 +114,7 @@ def kernel(ge: Geometry, gd: Geometry, x: str, packed: str, wd: str, bd: str | N
             f"      for (size_t j = 0; j < {pv}; j++) {{",
             *(["        const size_t s = sb + j; (void)s;"] if epi_e else []),
             f"        float v = tile[i * {pv} + j];",
-            *_epi_block(epi_e, ge, "s", "        "),
+            *epi_block(epi_e, ge, "s", "        "),
             "        er[j] = v;",
             "      }", "    }", "  }",
             # Then the depthwise conv of each, from scratch.

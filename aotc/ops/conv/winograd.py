@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from aotc.ops.conv import Epilogue, Geometry, _epi_block, _task_loop, bcast_tile_kernel
+from aotc.ops.conv.common import Epilogue, Geometry, bcast_tile_kernel, epi_block, task_loop
 
 if TYPE_CHECKING:
     from aotc.target import Target
@@ -76,6 +76,7 @@ _MATRICES: dict[int, tuple[list[list[F]], list[list[F]], list[list[F]]]] = {
          [F(0), F(1), F(1), F(4), F(4), F(0)],
          [F(0), F(1), F(-1), F(8), F(-8), F(1)]]),
 }
+
 
 def matrices(m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(BT, G, AT) of F(m x m, 3 x 3) as float64 arrays."""
@@ -309,7 +310,7 @@ def winograd_conv(g: Geometry, x: str, packed: str, y: str, target: Target, epi:
             f"    for (size_t q = 0; q < {OW}; q++) {{",
             *(["      const size_t s = s0 + q; (void)s;"] if epi else []),
             "      float v = orow[q] + bc;",
-            *_epi_block(epi, g, "s", "      "),
+            *epi_block(epi, g, "s", "      "),
             "      yr[q] = v;",
             "    }", "  }", "}"]
     sizes = _scratch_parts(g, plan)
@@ -318,4 +319,4 @@ def winograd_conv(g: Geometry, x: str, packed: str, y: str, target: Target, epi:
             + "".join(f"float *restrict {nm} = prow + {o};\n" for nm, o in zip(("ph", "vv", "mm", "ob"), offs[1:],
                                                                                  strict=True))
             + f"const size_t t0 = (size_t){g.n * nu * parts} * task / ntasks;\n")
-    return "\n".join(helpers) + "\n", head + _task_loop(g.n * nu * parts, "\n".join("  " + ln for ln in body))
+    return "\n".join(helpers) + "\n", head + task_loop(g.n * nu * parts, "\n".join("  " + ln for ln in body))

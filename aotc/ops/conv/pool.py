@@ -1,0 +1,136 @@
+"""MaxPool, AveragePool, LpPool and the global pools. MaxPool and AveragePool are separable (rows
+reduced into a padded row buffer, then along it); LpPool, the Indices output and the global pools
+use a bounds-checked loop."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from aotc.ir.graph import Node
+from aotc.ops.common import lowest
+from aotc.ops.conv.common import Geometry, geometry, task_loop
+
+if TYPE_CHECKING:
+    pass
+
+def _pool_separable(node: Node, g: Geometry, x: str, y: str, ctype: str) -> str:
+    """MaxPool/AveragePool as two vectorizable passes per output row: the window's valid input rows
+    are reduced into a row buffer whose padding holds the identity (-inf or 0), then each output
+    reduces its taps along that buffer -- no bounds checks in either loop. Average divisors are the
+    products of per-row and per-column tap counts (inside the input, or the padded input with
+    count_include_pad, as onnxruntime counts them)."""
+    is_max = node.op == "MaxPool"
+    include_pad = bool(node.attr("count_include_pad", 0))
+    ID, IH, IW = g.inp
+    OD, OH, OW = g.out
+    pb = g.pb[2]
+    blen = max(pb + IW, (OW - 1) * g.s[2] + (g.k[2] - 1) * g.d[2] + 1)
+    ident = lowest(ctype) if is_max else "0"
+
+    def red(a: str, b: str) -> str:  # the max form compilers turn into vmaxps (NaN order aside)
+        return f"{a} = {b} > {a} ? {b} : {a};" if is_max else f"{a} += {b};"
+
+    lines = [f"const {ctype} *xc = {x} + t * {g.in_size};",
+             f"{ctype} vb[{blen}];",
+             f"for (size_t i = 0; i < {pb}; i++) vb[i] = {ident};",
+             f"for (size_t i = {pb + IW}; i < {blen}; i++) vb[i] = {ident};",
+             f"for (size_t od = 0; od < {OD}; od++)",
+             f"for (size_t oh = 0; oh < {OH}; oh++) {{",
+             f"  const ptrdiff_t d0 = (ptrdiff_t)od * {g.s[0]} - {g.pb[0]}, h0 = (ptrdiff_t)oh * {g.s[1]} - {g.pb[1]};",
+             f"  const {ctype} *rows[{g.k[0] * g.k[1]}];",
+             "  size_t nr = 0, nrp = 0;",
+             f"  for (ptrdiff_t kd = 0; kd < {g.k[0]}; kd++)",
+             f"    for (ptrdiff_t kh = 0; kh < {g.k[1]}; kh++) {{",
+             f"      const ptrdiff_t id = d0 + kd * {g.d[0]}, ih = h0 + kh * {g.d[1]};",
+             f"      nrp += id < {ID + g.pe[0]} && ih < {IH + g.pe[1]};",
+             f"      if (id >= 0 && id < {ID} && ih >= 0 && ih < {IH}) rows[nr++] = xc + (id * {IH} + ih) * {IW};",
+             "    }",
+             f"  {ctype} *restrict yr = {y} + t * {g.out_size} + (od * {OH} + oh) * {OW};",
+             f"  if (nr == 0) {{ for (size_t ow = 0; ow < {OW}; ow++) yr[ow] = "
+             f"{ident if is_max else '(' + ctype + ')NAN'}; continue; }}",
+             "  { const " + ctype + " *restrict r0 = rows[0];",
+             f"    for (size_t i = 0; i < {IW}; i++) vb[{pb} + i] = r0[i]; }}",
+             "  for (size_t r = 1; r < nr; r++) {",
+             f"    const {ctype} *restrict rr = rows[r];",
+             f"    for (size_t i = 0; i < {IW}; i++) {{ const {ctype} xv = rr[i]; {red(f'vb[{pb} + i]', 'xv')} }}",
+             "  }"]
+    if not is_max:  # per-column tap counts, as a table of compile-time constants
+        cols = []
+        for ow in range(OW):
+            start = ow * g.s[2] - pb
+            lim = IW + g.pe[2] if include_pad else IW
+            cols.append(sum(1 for kw in range(g.k[2]) if 0 <= start + kw * g.d[2] < lim)
+                        if not include_pad else sum(1 for kw in range(g.k[2]) if start + kw * g.d[2] < lim))
+        lines += [f"  static const {ctype} hc[{OW}] = {{{', '.join(str(c) for c in cols)}}};",
+                  f"  const {ctype} vc = ({ctype}){'nrp' if include_pad else 'nr'};"]
+    lines += [f"  for (size_t ow = 0; ow < {OW}; ow++) {{",
+              f"    const {ctype} *restrict w = vb + ow * {g.s[2]};",
+              f"    {ctype} v = w[0];"]
+    lines += [f"    {{ const {ctype} xv = w[{kw * g.d[2]}]; {red('v', 'xv')} }}" for kw in range(1, g.k[2])]
+    if not is_max:
+        lines.append("    v = v / (vc * hc[ow]);")
+    lines += ["    yr[ow] = v;", "  }", "}"]
+    return task_loop(g.n * g.c, "\n".join("  " + ln for ln in lines))
+
+
+def pool_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
+    """Max/average/Lp pooling over each window, bounds-checked; one (n, c) plane per work unit."""
+    g = geometry(node)
+    op = node.op
+    x, y = ins[0], outs[0]
+    ID, IH, IW = g.inp
+    OD, OH, OW = g.out
+    is_max = op in ("MaxPool", "GlobalMaxPool")
+    p = int(node.attr("p", 2))
+    include_pad = bool(node.attr("count_include_pad", 0))
+    if op in ("MaxPool", "AveragePool") and len(outs) == 1:
+        return _pool_separable(node, g, x, y, ctype)
+    lines = [f"const {ctype} *xc = {x} + t * {g.in_size};",
+             f"for (size_t od = 0; od < {OD}; od++)",
+             f"for (size_t oh = 0; oh < {OH}; oh++) {{",
+             f"  const ptrdiff_t d0 = (ptrdiff_t)od * {g.s[0]} - {g.pb[0]}, h0 = (ptrdiff_t)oh * {g.s[1]} - {g.pb[1]};",
+             f"  {ctype} *restrict yr = {y} + t * {g.out_size} + (od * {OH} + oh) * {OW};",
+             f"  for (size_t ow = 0; ow < {OW}; ow++) {{",
+             f"  const size_t s = (od * {OH} + oh) * {OW} + ow;",
+             f"  const ptrdiff_t w0 = (ptrdiff_t)ow * {g.s[2]} - {g.pb[2]};",
+             f"  {ctype} acc = {lowest(ctype) if is_max else '0'};",
+             "  size_t cnt = 0, arg = 0; (void)arg; (void)cnt;"]
+    if op == "AveragePool" and include_pad:
+        # The window counts taps inside the padded input (onnxruntime's divisor).
+        lim = [g.inp[i] + g.pe[i] for i in range(3)]
+        lines.append("  size_t cntp = 1;")
+        for i, (v, k) in enumerate((("d0", g.k[0]), ("h0", g.k[1]), ("w0", g.k[2]))):
+            lines.append(f"  {{ size_t m = 0; for (ptrdiff_t q = 0; q < {k}; q++) "
+                         f"m += {v} + q * {g.d[i]} < {lim[i]}; cntp *= m; }}")
+    lines += [f"  for (ptrdiff_t kd = 0; kd < {g.k[0]}; kd++) {{",
+              f"    const ptrdiff_t id = d0 + kd * {g.d[0]}; if (id < 0 || id >= {ID}) continue;",
+              f"    for (ptrdiff_t kh = 0; kh < {g.k[1]}; kh++) {{",
+              f"      const ptrdiff_t ih = h0 + kh * {g.d[1]}; if (ih < 0 || ih >= {IH}) continue;",
+              f"      for (ptrdiff_t kw = 0; kw < {g.k[2]}; kw++) {{",
+              f"        const ptrdiff_t iw = w0 + kw * {g.d[2]}; if (iw < 0 || iw >= {IW}) continue;",
+              f"        const size_t i = (id * {IH} + ih) * {IW} + iw;",
+              f"        const {ctype} xv = xc[i];"]
+    if is_max:  # NaN propagates; the first maximum's index wins
+        lines.append("        if (xv > acc || (xv != xv && acc == acc)) { acc = xv; arg = i; }"
+                     if ctype in ("float", "double") else "        if (xv > acc) { acc = xv; arg = i; }")
+    elif op == "LpPool":
+        lines.append("        acc += fabs(xv) * fabs(xv);" if p == 2 else
+                     f"        acc += pow(fabs(xv), {p});")
+    else:
+        lines.append("        acc += xv; cnt++;")
+    lines += ["      }", "    }", "  }"]
+    if op in ("AveragePool", "GlobalAveragePool"):
+        div = "cntp" if op == "AveragePool" and include_pad else ("cnt" if op == "AveragePool" else
+                                                                   str(g.in_size))
+        lines.append(f"  acc = acc / ({ctype}){div};")
+    elif op == "LpPool":
+        lines.append("  acc = sqrt(acc);" if p == 2 else f"  acc = pow(acc, 1.0 / {p});")
+    lines.append("  yr[ow] = acc;")
+    if len(outs) > 1:  # Indices: flat over (n, c, spatial); storage_order 1 numbers columns first
+        if node.attr("storage_order", 0):
+            lines.append(f"  const size_t ad = arg / {IH * IW}, ah = arg / {IW} % {IH}, aw = arg % {IW};")
+            lines.append(f"  arg = (aw * {IH} + ah) * {ID} + ad;")
+        lines.append(f"  {outs[1]}[t * {g.out_size} + s] = (int64_t)(t * {g.in_size} + arg);")
+    lines.append("  }")
+    lines.append("}")
+    return task_loop(g.n * g.c, "\n".join("  " + ln for ln in lines))
