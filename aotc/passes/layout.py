@@ -16,9 +16,13 @@ costs no new transpose, i.e. its other operands are
 Elementwise ops move it as they are; reductions, ArgMax/ArgMin, Concat, Pad and Slice get their axes
 permuted. A Transpose that reaches another composes with it, and the identity disappears: what is left
 stands at the graph's edges or in front of an op that needs its layout (a Conv, a MatMul, a Reshape).
-Finally a Transpose that only moves unit dimensions becomes a Reshape (an alias, no kernel).
+Finally a Transpose that only moves unit dimensions becomes a Reshape (an alias, no kernel), and a zero
+Pad of the spatial dimensions that now stands right before a Conv (Keras' ZeroPadding2D in front of a
+strided convolution) becomes the Conv's own padding: no padded copy of the tensor, and an expanding 1x1
+conv before it can fuse with the depthwise conv it feeds.
 
-Every rewrite is exact (the same elements in the same order of evaluation), so it holds for any graph.
+Every rewrite computes the same function on any graph (ONNX ones exported from TensorFlow carry the
+same pattern); only a moved reduction may add its elements in another order.
 """
 
 from __future__ import annotations
@@ -74,6 +78,7 @@ class _Layout:
         self.nodes: list[Node] = []
         self.replace: dict[int, Value] = {}
         self.users = graph.consumers()  # the original readers: moved Transposes define original values
+        self.hoisted: dict[tuple[int, tuple[int, ...]], Value] = {}
         self.changed = False
 
     def get(self, v: Value | None) -> Value | None:
@@ -92,7 +97,11 @@ class _Layout:
         return n
 
     def transpose(self, x: Value, perm: Perm, out: Value, like: Node) -> None:
-        """Define ``out`` as ``x.transpose(perm)``; the identity only forwards ``x``."""
+        """Define ``out`` as ``x.transpose(perm)``, composed with a Transpose that makes ``x``; the
+        identity only forwards ``x``."""
+        t = self.transposed(x)
+        if t is not None:  # x.transpose(p).transpose(q) == x.transpose(p[q])
+            x, perm = t[0], [t[1][q] for q in perm]
         assert x.shape is not None
         if perm == sorted(perm) or (_permuted(x.shape, perm) == x.shape and _moves_only_units(x.shape, perm)):
             self.replace[id(out)] = x
@@ -151,8 +160,8 @@ class _Layout:
         return n.op.lower() if n.op in ("Concat", "Pad", "Slice") else None
 
     def movable(self, v: Value) -> bool:
-        """Every reader of the Transposed ``v`` can take the Transpose: moving it past one of them then
-        leaves no copy of it behind for the others (a graph output keeps one either way)."""
+        """Every reader of the Transposed ``v`` is of a kind that takes a Transpose, so moving it past one
+        of them is not likely to leave a copy behind for another (a graph output keeps one either way)."""
         return all(self.rule(u) is not None for u in self.users.get(id(v), []))
 
     def sink(self, n: Node) -> bool:
@@ -176,13 +185,31 @@ class _Layout:
         x = n.inputs[0]
         assert x is not None
         perm = transpose_perm(n)
-        t = self.transposed(x)
-        if t is not None:  # x.transpose(p).transpose(q) == x.transpose(p[q])
-            x, inner = t
-            perm = [inner[q] for q in perm]
-        elif perm != sorted(perm):
-            return False
+        if self.transposed(x) is None and perm != sorted(perm):
+            return self._hoist_over_pad(n, perm)
         self.transpose(x, perm, n.outputs[0], n)
+        self.changed = True
+        return True
+
+    def _hoist_over_pad(self, n: Node, perm: Perm) -> bool:
+        """Transpose(Pad(x)) -> Pad(Transpose(x)) when the Transpose alone reads the Pad: the Pad then
+        stands before the Conv the Transpose feeds (a padded NHWC input before the first conv)."""
+        y = n.inputs[0]
+        p = y.producer if y is not None else None
+        if y is None or p is None or p.op != "Pad" or [id(u) for u in self.users.get(id(y), [])] != [id(n)] \
+                or any(v is y for v in self.graph.outputs) or not any(m is p for m in self.nodes):
+            return False
+        amounts = pad_amounts(p)
+        x = p.inputs[0]
+        assert x is not None and x.shape is not None
+        self.nodes = [m for m in self.nodes if m is not p]
+        key = (id(x), tuple(perm))
+        if key not in self.hoisted:  # several Pads of one input (branches) share its Transpose
+            moved = Value(f"{x.name}/layout", _permuted(x.shape, perm), x.dtype)
+            self.transpose(x, perm, moved, n)
+            self.hoisted[key] = self.get(moved)  # type: ignore[assignment]
+        inputs, attrs = self._pad_operands(p, self.hoisted[key], [amounts[q] for q in perm])
+        self.emit("Pad", inputs, [n.outputs[0]], attrs, p)
         self.changed = True
         return True
 
@@ -259,16 +286,20 @@ class _Layout:
         new = [(0, 0)] * len(perm)
         for d, p in enumerate(perm):
             new[p] = amounts[d]
-        flat = [b for b, _ in new] + [e for _, e in new]
+        self._replace(n, *self._pad_operands(n, x, new), perm)
+        return True
+
+    @staticmethod
+    def _pad_operands(n: Node, x: Value, amounts: list[tuple[int, int]]) -> tuple[list[Value | None], dict]:
+        """The inputs and attributes of Pad ``n`` padding ``x`` by ``amounts`` (before, after) per dimension."""
+        flat = [b for b, _ in amounts] + [e for _, e in amounts]
         attrs = dict(n.attrs)
         if "pads" in attrs:  # opset < 11
             attrs["pads"] = flat
-            inputs: list[Value | None] = [x]
-        else:  # every axis listed: the axes input (opset 18) is dropped
-            value = [v for v in n.inputs[2:3] if v is not None]
-            inputs = [x, Graph.constant(np.array(flat, np.int64), f"{n.name}/pads"), *value]
-        self._replace(n, inputs, attrs, perm)
-        return True
+            return [x], attrs
+        # Every axis listed: the axes input (opset 18) is dropped.
+        value = [v for v in n.inputs[2:3] if v is not None]
+        return [x, Graph.constant(np.array(flat, np.int64), f"{n.name}/pads"), *value], attrs
 
     def _slice(self, n: Node, x: Value, perm: Perm) -> bool:
         rank = len(perm)
@@ -290,11 +321,11 @@ class _Layout:
 
 
 def _remove_dead_moves(graph: Graph) -> None:
-    """Drop Transposes and Reshapes nothing reads any more (the sweep leaves the ones it moved)."""
+    """Drop Transposes, Reshapes and Pads nothing reads any more (those this pass moved or folded)."""
     live = {id(v) for v in graph.outputs}
     kept = []
     for n in reversed(graph.nodes):
-        if n.op in ("Transpose", "Reshape") and not any(id(v) in live for v in n.outputs):
+        if n.op in ("Transpose", "Reshape", "Pad") and not any(id(v) in live for v in n.outputs):
             continue
         kept.append(n)
         live.update(id(v) for v in n.inputs if v is not None)
@@ -316,6 +347,31 @@ def _unit_transposes_to_reshapes(graph: Graph) -> bool:
     return changed
 
 
+def _fold_pads_into_convs(graph: Graph) -> bool:
+    """Conv(Pad(x)) -> Conv(x) with the Pad's amounts added to the Conv's pads, for a constant Pad of
+    zeros on the spatial dimensions only: a Conv pads with zeros itself."""
+    changed = False
+    for n in graph.nodes:
+        x = n.inputs[0] if n.op == "Conv" else None
+        p = x.producer if x is not None else None
+        if p is None or p.op != "Pad" or p.attr("mode", "constant") != "constant" \
+                or n.attr("auto_pad", "NOTSET") != "NOTSET" or any(v is x for v in n.inputs[1:]):
+            continue
+        value = p.inputs[2] if len(p.inputs) > 2 else None
+        if (value is not None and not (value.is_const and not value.const.any())) or p.attr("value", 0.0) != 0:
+            continue
+        amounts = pad_amounts(p)
+        spatial = amounts[2:]
+        if any(a != (0, 0) for a in amounts[:2]) or any(b < 0 or e < 0 for b, e in spatial):
+            continue
+        pads = [int(v) for v in n.attr("pads", [0] * 2 * len(spatial))]
+        k = len(spatial)
+        n.attrs["pads"] = [pads[i] + spatial[i][0] for i in range(k)] + [pads[k + i] + spatial[i][1] for i in range(k)]
+        n.inputs[0] = p.inputs[0]
+        changed = True
+    return changed
+
+
 def optimize_layout(graph: Graph) -> bool:
     """Sink Transposes through layout-agnostic ops until inverse pairs cancel (see the module's doc)."""
     lay = _Layout(graph)
@@ -325,5 +381,6 @@ def optimize_layout(graph: Graph) -> bool:
             lay.nodes.append(n)
     graph.nodes = lay.nodes
     graph.outputs = [lay.get(v) for v in graph.outputs]  # type: ignore[misc]
+    folded = _fold_pads_into_convs(graph)
     _remove_dead_moves(graph)
-    return _unit_transposes_to_reshapes(graph) or lay.changed
+    return _unit_transposes_to_reshapes(graph) or folded or lay.changed
