@@ -91,6 +91,18 @@ AOTC_TYPES_INLINE float aotc__small_value(uint32_t c, int mbits, int bias) {
 
 AOTC_TYPES_INLINE float aotc__signed(float v, uint32_t negative) { return negative ? -v : v; }
 
+/* -- the signed float8 formats (E4M3FN, E5M2): NaN encodes as s | nan; a finite value past the largest
+   code maxc saturates to it or becomes s | over (E4M3FN: NaN, E5M2: infinity) ---------------------- */
+AOTC_TYPES_INLINE uint8_t aotc__f32_to_signed8(float x, int saturate, int mbits, int bias, uint32_t nan,
+                                               uint32_t maxc, uint32_t over) {
+  const uint32_t u = aotc__f32_bits(x), a = u & 0x7fffffffu;
+  const uint8_t s = (uint8_t)((u >> 24) & 0x80u);
+  if (a > 0x7f800000u)
+    return s | (uint8_t)nan;
+  const uint32_t c = a == 0x7f800000u ? 0x100u : aotc__small_round(a, mbits, bias);
+  return s | (uint8_t)(c <= maxc ? c : saturate ? maxc : over);
+}
+
 /* -- float8 E4M3FN: bias 7, no infinities, NaN = S.1111.111, max 448 ---------------------------- */
 AOTC_TYPES_INLINE float aotc_e4m3fn_to_f32(uint8_t c) {
   const uint32_t s = (uint32_t)(c & 0x80u) << 24;
@@ -100,12 +112,7 @@ AOTC_TYPES_INLINE float aotc_e4m3fn_to_f32(uint8_t c) {
 }
 
 AOTC_TYPES_INLINE uint8_t aotc_f32_to_e4m3fn(float x, int saturate) {
-  const uint32_t u = aotc__f32_bits(x), a = u & 0x7fffffffu;
-  const uint8_t s = (uint8_t)((u >> 24) & 0x80u);
-  if (a > 0x7f800000u)
-    return s | 0x7fu;
-  const uint32_t c = a == 0x7f800000u ? 0x100u : aotc__small_round(a, 3, 7);
-  return s | (uint8_t)(c <= 0x7eu ? c : saturate ? 0x7eu : 0x7fu);
+  return aotc__f32_to_signed8(x, saturate, 3, 7, 0x7fu, 0x7eu, 0x7fu);
 }
 
 /* -- the FNUZ float8 formats: no infinities, no -0, NaN = 0x80 (the only NaN) ------------------ */
@@ -139,12 +146,7 @@ AOTC_TYPES_INLINE float aotc_e5m2_to_f32(uint8_t c) {
 }
 
 AOTC_TYPES_INLINE uint8_t aotc_f32_to_e5m2(float x, int saturate) {
-  const uint32_t u = aotc__f32_bits(x), a = u & 0x7fffffffu;
-  const uint8_t s = (uint8_t)((u >> 24) & 0x80u);
-  if (a > 0x7f800000u)
-    return s | 0x7eu;
-  const uint32_t c = a == 0x7f800000u ? 0x100u : aotc__small_round(a, 2, 15);
-  return s | (uint8_t)(c <= 0x7bu ? c : saturate ? 0x7bu : 0x7cu);
+  return aotc__f32_to_signed8(x, saturate, 2, 15, 0x7eu, 0x7bu, 0x7cu);
 }
 
 /* -- float8 E5M2FNUZ: bias 16, max 57344 --------------------------------------------------------- */
