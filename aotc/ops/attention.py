@@ -18,6 +18,7 @@ import onnx
 from aotc.errors import AotcError
 from aotc.ir import dtypes
 from aotc.ir.graph import Node, Value
+from aotc.ops.affine import Ix, task_share
 from aotc.ops.common import aligned_inputs, c_literal, optional_input
 from aotc.ops.elementwise import math_fn
 from aotc.ops.registry import OpDef, register
@@ -220,12 +221,13 @@ def _attention_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> 
         return f"((b * {heads} + {h}) * {seq} + {s}) * {width}"
 
     # present_key / present_value: past rows then the new rows, split over tasks by (b, kv head, row).
+    r = Ix.of("r")
     for pres, src, past, width in ((pres_k, k, pk, d), (pres_v, v, pv, dv)):
         if pres is None:
             continue
         lines += [f"for (size_t r = task; r < {b_ * hkv * t}; r += ntasks) {{",
-                  f"  const size_t b = r / {hkv * t}, g = (r / {max(t, 1)}) % {hkv}, j = r % {max(t, 1)};",
-                  f"  const {ctype} *src = " + (f"j < {p} ? {past} + (r / {max(t, 1)} * {p} + j) * {width} : "
+                  f"  const size_t b = {r // max(hkv * t, 1)}, g = {r // max(t, 1) % hkv}, j = {r % max(t, 1)};",
+                  f"  const {ctype} *src = " + (f"j < {p} ? {past} + ({r // max(t, 1) * p} + j) * {width} : "
                                                  if p else "")
                   + f"{src} + {row('g', f'(j - {p})' if p else 'j', hkv, skv, width)};",
                   f"  for (size_t c = 0; c < {width}; c++) {pres}[r * {width} + c] = src[c];", "}"]
@@ -233,10 +235,11 @@ def _attention_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> 
     if n == 0:
         return "\n".join(lines) or "/* empty */"
     sc, qs, acc = "sc", "qs", "acc"
+    lo, hi = task_share(n)
     lines += [f"{w} *restrict {sc} = ({w} *)scratch + task * (size_t){_slot(t) + _slot(d) + _slot(dv)};",
               f"{w} *restrict {qs} = {sc} + {_slot(t)}, *restrict {acc} = {qs} + {_slot(d)};",
-              f"for (size_t r = task * (size_t){n} / ntasks; r < (task + 1) * (size_t){n} / ntasks; r++) {{",
-              f"  const size_t b = r / {hq * sq}, h = (r / {max(sq, 1)}) % {hq}, i = r % {max(sq, 1)};",
+              f"for (size_t r = {lo}; r < {hi}; r++) {{",
+              f"  const size_t b = {r // (hq * sq)}, h = {r // sq % hq}, i = {r % sq};",
               f"  const size_t g = h / {grp};",
               f"  const {ctype} *qr = {q} + {row('h', 'i', hq, sq, d)};",
               f"  for (size_t c = 0; c < {d}; c++) {qs}[c] = {rt(ld('qr[c]') + f' * {ss}')};",

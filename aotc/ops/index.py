@@ -26,6 +26,7 @@ import numpy as np
 from aotc.errors import AotcError, IndexOutOfRangeError
 from aotc.ir import dtypes
 from aotc.ir.graph import Node
+from aotc.ops.affine import Ix
 from aotc.ops.common import (
     axis_layout,
     c_array,
@@ -924,7 +925,7 @@ def _onehot_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str
     if idx.dtype.kind == "f":  # NaN, inf and huge floats would convert with undefined behaviour
         h = f"{ins[0]}[e] > {-depth - 1} && {ins[0]}[e] < {depth} ? {h} : {depth}"
     return (f"for (size_t e = task; e < {outer * inner}; e += ntasks) {{\n"
-            f"  const size_t o = e / {max(inner, 1)}, k = e % {max(inner, 1)};\n"
+            f"  const size_t o = {Ix.of('e') // max(inner, 1)}, k = {Ix.of('e') % max(inner, 1)};\n"
             f"  int64_t h = {h};\n"
             f"  if (h < 0) h += {depth};\n"
             f"  for (size_t j = 0; j < {depth}; j++) "

@@ -7,7 +7,7 @@ import numpy as np
 from aotc.errors import AotcError
 from aotc.ir import dtypes
 from aotc.ir.graph import Node
-from aotc.ops.affine import for_each
+from aotc.ops.affine import Ix, for_each
 from aotc.ops.common import axis_layout, const_input, norm_axis, row_loop_head
 from aotc.ops.registry import OpDef, register
 
@@ -343,8 +343,9 @@ def _lrn_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
     size = int(node.attr("size"))
     lo, hi = (size - 1) // 2, -(-(size - 1) // 2)
     alpha, beta, bias = (float(node.attr(k, d)) for k, d in (("alpha", 1e-4), ("beta", 0.75), ("bias", 1.0)))
+    r = Ix.of("r")
     return (f"for (size_t r = task; r < {n * c * inner}; r += ntasks) {{\n"
-            f"  const size_t b = r / {c * inner}, ch = (r / {max(inner, 1)}) % {c}, k = r % {max(inner, 1)};\n"
+            f"  const size_t b = {r // max(c * inner, 1)}, ch = {r // max(inner, 1) % c}, k = {r % max(inner, 1)};\n"
             f"  const size_t c0 = ch >= {lo} ? ch - {lo} : 0, c1 = ch + {hi} < {c} ? ch + {hi} : {c - 1};\n"
             f"  double s = 0;\n"
             f"  for (size_t j = c0; j <= c1; j++) {{\n"

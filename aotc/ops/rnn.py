@@ -20,6 +20,7 @@ import numpy as np
 
 from aotc.errors import AotcError, IndexOutOfRangeError
 from aotc.ir.graph import Node
+from aotc.ops.affine import Ix
 from aotc.ops.common import aligned_inputs, c_literal
 from aotc.ops.index import set_status, task_arrays
 from aotc.ops.registry import OpDef, register
@@ -245,7 +246,7 @@ def _emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
 
     code = [_arrays(node)[1],
             f"for (size_t task_r = task; task_r < {nd * bsz}; task_r += ntasks) {{",
-            f"  const size_t b = task_r % {max(bsz, 1)};"]
+            f"  const size_t b = {Ix.of('task_r') % max(bsz, 1)};"]
     if nd == 1:
         code += ["  " + ln for ln in step(0)]
     else:
