@@ -28,7 +28,7 @@ from aotc.frontends.tensorflow import (
 )
 from aotc.ir import dtypes
 from aotc.ir.graph import Graph
-from aotc.ops.dynamic import expose_counts
+from aotc.passes.counts import expose_counts
 from aotc.passes.pipeline import run_passes
 from aotc.passes.prune import apply_config
 from aotc.reference import random_inputs, run_reference, to_onnx

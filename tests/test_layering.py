@@ -24,8 +24,6 @@ ABOVE = {
 }
 # Upward imports the kernel-IR work of issue 20 is removing; delete each entry as it goes (none may be added).
 KNOWN = {
-    ("aotc.ops.ml", "aotc.codegen.names"),
-    ("aotc.ops.dynamic", "aotc.passes.prune"),
     ("aotc.passes.memory", "aotc.codegen.kernels"),
     ("aotc.passes.memory", "aotc.codegen.loops"),
 }

@@ -167,9 +167,3 @@ def c_string(text: str) -> str:
         else:
             out.append(f"\\{b:03o}")
     return '"' + "".join(out) + '"'
-
-
-def c_bytes(data: bytes) -> str:
-    """A C string literal of ``data`` with every byte octal-escaped (keys and other byte strings from a
-    model file: no quote, backslash, newline, ``*/`` or ``??`` trigraph can break out)."""
-    return '"' + "".join(f"\\{b:03o}" for b in data) + '"'

@@ -60,6 +60,12 @@ def c_array(ctype: str, name: str, values: np.ndarray) -> str:
     return f"static const {ctype} {name}[{max(len(vals), 1)}] = {{{body or '0'}}};"
 
 
+def c_bytes(data: bytes) -> str:
+    """A C string literal of ``data`` with every byte octal-escaped (keys and other byte strings from a
+    model file: no quote, backslash, newline, ``*/`` or ``??`` trigraph can break out)."""
+    return '"' + "".join(f"\\{b:03o}" for b in data) + '"'
+
+
 def c_literal(x: float | int | bool, ctype: str) -> str:
     """A C literal of type ``ctype`` for a Python number (inf/nan spelled with math.h macros)."""
     if ctype == "_Float16":

@@ -15,11 +15,10 @@ import math
 
 import numpy as np
 
-from aotc.codegen.names import c_bytes
 from aotc.errors import AotcError
 from aotc.ir import dtypes
 from aotc.ir.graph import Node
-from aotc.ops.common import FLOAT_CTYPES, c_array, c_literal
+from aotc.ops.common import FLOAT_CTYPES, c_array, c_bytes, c_literal
 from aotc.ops.index import checked_index, task_arrays
 from aotc.ops.registry import OpDef, register
 
