@@ -13,19 +13,15 @@ import json
 import shutil
 import subprocess
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from xml.sax.saxutils import escape as _xml_escape
 
 import numpy as np
 
 from aotc.ir.graph import Graph, Node, Value
 from aotc.ops import OPS
+from aotc.ops.cost import kernel_reads, node_flops
 
-if TYPE_CHECKING:
-    from aotc.passes.fuse import Kernel
-
-# Ops that only move data: they cost bytes, not arithmetic.
-_DATA_MOVEMENT = {"Copy", "Concat", "Identity"}
 _MAX_LABEL = 48  # model names are truncated in pictures; the text dumps keep them whole
 
 
@@ -183,41 +179,6 @@ def graph_dot(graph: Graph, title: str) -> str:
 
 # -- summary ----------------------------------------------------------------------------------------
 
-def node_flops(n: Node) -> int:
-    """Estimated arithmetic of one node: 2*M*N*K*batch for products, one per element otherwise.
-
-    Reductions count their input elements; views, aliases and copies only move data (0).
-    """
-    op = OPS.get(n.op)
-    kind = op.kind if op is not None else "kernel"
-    out = n.outputs[0] if n.outputs else None
-    if out is None or out.shape is None or n.op in _DATA_MOVEMENT or kind in ("alias", "view", "static"):
-        return 0
-    a = n.inputs[0] if n.inputs else None
-    if n.op in ("MatMul", "Gemm") and a is not None and a.shape:
-        k = a.shape[0] if n.op == "Gemm" and n.attr("transA", 0) else a.shape[-1]
-        return 2 * out.size * int(k)
-    if kind == "reduce" and a is not None and a.shape is not None:
-        return a.size
-    if n.op in ("Attention", "ai.onnx.preview.FlexAttention") and len(n.inputs) > 1:
-        k = n.inputs[1]  # each output element is a dot over the keys' sequence, once for Q.K, once for P.V
-        if k is not None and k.shape is not None and len(k.shape) >= 2:
-            seq = k.shape[-2] if len(k.shape) == 4 else k.shape[1]
-            return 4 * out.size * int(seq)
-    return sum(v.size for v in n.outputs if v.shape is not None)
-
-
-def _kernel_reads(k: Kernel) -> list[Value]:
-    """The kernel's inputs that it really reads at run time.
-
-    Compile-time arguments (a Reduce's axes, a Reshape's shape) are baked into the C code, so they
-    cost no memory traffic.
-    """
-    data = {id(v) for n in k.nodes for i, v in enumerate(n.inputs)
-            if v is not None and (n.op not in OPS or i not in OPS[n.op].const_inputs)}
-    return [v for v in k.inputs if id(v) in data]
-
-
 def _buffer_rows(graph: Graph) -> list[dict[str, Any]]:
     plan = graph.memory
     if plan is None:
@@ -235,7 +196,7 @@ def summary_dict(graph: Graph) -> dict[str, Any]:
     """Per-kernel cost estimates and the workspace plan as plain JSON-ready data (for tools and tests)."""
     kernels = []
     for k in graph.kernels:
-        read = sum(_nbytes(v) for v in _kernel_reads(k))
+        read = sum(_nbytes(v) for v in kernel_reads(k))
         written = sum(_nbytes(v) for v in k.outputs)
         flops = sum(node_flops(n) for n in k.nodes)
         kernels.append({

@@ -24,12 +24,12 @@ from aotc.codegen.loops import Access, Emitter, emit_loop_kernel, identity_map
 from aotc.errors import AotcError
 from aotc.ir import dtypes
 from aotc.ir.graph import Graph, Node, Value
+from aotc.ir.kernel import Kernel
 from aotc.ops import OPS
 from aotc.ops import conv as conv_ops
 from aotc.ops import norm as norm_ops
 from aotc.ops.conv import expand_depthwise
 from aotc.ops.linalg import gemm_batch_strides
-from aotc.passes.fuse import Kernel
 from aotc.target import Target
 
 

@@ -30,7 +30,7 @@ TASK_WORK = 1 << 14
 
 def max_tasks(k) -> int:
     """How many tasks kernel ``k`` may be split into; 1 keeps a small kernel on the calling thread."""
-    from aotc.dump import node_flops
+    from aotc.ops.cost import node_flops
 
     work = sum(node_flops(n) for n in k.nodes) + sum(v.size for v in (*k.inputs, *k.outputs))
     return max(1, min(MAX_TASKS, work // TASK_WORK))

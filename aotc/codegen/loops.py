@@ -26,13 +26,13 @@ import numpy as np
 
 from aotc.ir import dtypes
 from aotc.ir.graph import Value
+from aotc.ir.kernel import Kernel
 from aotc.ops import OPS
 from aotc.ops.affine import Ix, task_share
 from aotc.ops.common import c_literal, contiguous_strides, highest, lowest
 from aotc.ops.elementwise import math_fn
 from aotc.ops.reduce import reduce_axes
 from aotc.ops.shape import IndexMap, broadcast_view
-from aotc.passes.fuse import Kernel
 
 LANES = 16
 # Split a reduction into chunks when it has fewer outputs than this; chunks hold at least CHUNK

@@ -20,52 +20,10 @@ hooks ``can_take_epilogue`` / ``can_take_prologue`` (aotc/ops/registry.py); this
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from aotc.ir.graph import Graph, Node, Value
+from aotc.ir.kernel import Kernel
 from aotc.ops import OPS
 from aotc.target import Target
-
-
-@dataclass(eq=False)
-class Kernel:
-    kind: str                      # "loop" | "gemm" | "conv" | "op"
-    root: Node                     # the node whose output the kernel writes
-    nodes: list[Node] = field(default_factory=list)  # in graph order
-    reduce: Node | None = None     # loop kernels: the one reduction, if any
-    gemm: Node | None = None       # gemm kernels: the MatMul
-    conv: Node | None = None       # conv kernels: the Conv
-    expand: Node | None = None     # conv kernels: a 1x1 Conv computed inside, feeding ``conv``
-    index: int = 0
-
-    @property
-    def outputs(self) -> list[Value]:
-        return list(self.root.outputs)
-
-    @property
-    def inputs(self) -> list[Value]:
-        """Values read from memory (produced outside the kernel), in first-use order."""
-        inside = {id(n) for n in self.nodes}
-        seen: set[int] = set()
-        res = []
-        for n in self.nodes:
-            for v in n.inputs:
-                if v is None or id(v) in seen:
-                    continue
-                if v.is_const or v.producer is None or id(v.producer) not in inside:
-                    seen.add(id(v))
-                    res.append(v)
-        return res
-
-    @property
-    def ops(self) -> list[str]:
-        return [n.op for n in self.nodes]
-
-    @property
-    def name(self) -> str:
-        # Op keys are registry names (never model text); a domain prefix ("ai.onnx.ml.") is dropped.
-        label = "_".join(dict.fromkeys(op.rpartition(".")[2].lower() for op in self.ops))[:48]
-        return f"k{self.index}_{label}"
 
 
 def storage_root(v: Value) -> Value:
