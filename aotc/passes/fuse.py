@@ -9,7 +9,7 @@ Kernels are grown backwards from their last node, XLA-style producer->consumer f
   that chain as its epilogue, e.g. ``relu(x @ W + b)``; a Conv likewise becomes a conv kernel with its
   elementwise chain (folded BatchNorm, Relu/Clip/HardSwish, a residual Add) as epilogue;
 - a kernel may compute its input itself (its prologue): a 1x1 conv that widens the channels (+ its
-  epilogue) fuses into the depthwise conv that is its only consumer (``aotc/ops/expand_depthwise.py``:
+  epilogue) fuses into the depthwise conv that is its only consumer (``aotc/ops/conv/expand_depthwise.py``:
   the expanded tensor stays in per-task scratch); a LayerNormalization takes the elementwise chain
   computing its input into its row kernel;
 - other ops (softmax, concat, ...) are template kernels of their own; aliases (reshapes) are free.

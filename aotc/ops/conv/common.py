@@ -16,6 +16,7 @@ from aotc.ir.graph import Node
 if TYPE_CHECKING:
     from aotc.target import Target
 
+
 @dataclass(frozen=True)
 class Geometry:
     """Sizes of one conv/pool with the spatial dims padded to three (leading 1s)."""

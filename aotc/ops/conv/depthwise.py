@@ -12,6 +12,7 @@ from aotc.ops.conv.common import UNROLL, Epilogue, Geometry, padded_dims, task_l
 if TYPE_CHECKING:
     from aotc.target import Target
 
+
 def _phase_dims(g: Geometry) -> tuple[int, int, int, int, int]:
     """(sH, sW, PH2, PW2, nq) of the phase path: stride phases, phase plane dims, virtual positions."""
     PH, PW = g.inp[1] + g.pb[1] + g.pe[1], g.inp[2] + g.pb[2] + g.pe[2]

@@ -27,6 +27,7 @@ from aotc.ops.conv.pointwise import pointwise_plan
 if TYPE_CHECKING:
     from aotc.target import Target
 
+
 def generic_conv(g: Geometry, x: str, w: str, b: str | None, y: str, ct: str, epi: Epilogue | None) -> str:
     """Any dtype, any weights: bounds-checked direct convolution, one (n, m) plane per work unit."""
     cg, mg = g.c // g.group, g.m // g.group

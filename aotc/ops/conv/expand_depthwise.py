@@ -26,6 +26,7 @@ from aotc.ops.conv.rows import pack_rows_weights, rows_plan
 if TYPE_CHECKING:
     from aotc.target import Target
 
+
 def fusable(expand: Node, dw: Node, target: Target) -> bool:
     """Whether ``expand`` (producing ``dw``'s input) and the depthwise ``dw`` run as one kernel: a
     float32 1x1, stride-1, unpadded, one-group conv with constant weights that widens the channels

@@ -20,6 +20,7 @@ from aotc.ops.conv.common import (
 if TYPE_CHECKING:
     from aotc.target import Target
 
+
 # 1x1 convs with output channels in the vector lanes (AVX2): positions of the micro-kernel's tile per
 # number of 8-channel vectors, so that 12 accumulators, the weight vectors and one broadcast fit the
 # 16 ymm registers. 4 vectors take 2 positions: 3 leave one weight vector in memory, which measured

@@ -4,14 +4,10 @@ use a bounds-checked loop."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from aotc.ir.graph import Node
 from aotc.ops.common import lowest
 from aotc.ops.conv.common import Geometry, geometry, task_loop
 
-if TYPE_CHECKING:
-    pass
 
 def _pool_separable(node: Node, g: Geometry, x: str, y: str, ctype: str) -> str:
     """MaxPool/AveragePool as two vectorizable passes per output row: the window's valid input rows

@@ -21,6 +21,7 @@ from aotc.ops.conv.common import (
 if TYPE_CHECKING:
     from aotc.target import Target
 
+
 def rows_plan(g: Geometry, target: Target) -> tuple[int, int, int] | None:
     """(MB, NV, lanes) of the 1x1 path -- MB output channels x NV vectors of positions per register
     tile -- or None when the conv is not a stride-1 unpadded 1x1 conv with enough positions."""

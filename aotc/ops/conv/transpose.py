@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from aotc.ir.graph import Node
 from aotc.ops.conv.common import geometry, task_loop
 
-if TYPE_CHECKING:
-    pass
 
 def conv_transpose_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
     """Scatter form: every input element adds ``x * w`` to the outputs its taps reach."""

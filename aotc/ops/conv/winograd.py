@@ -54,6 +54,7 @@ from aotc.ops.conv.common import Epilogue, Geometry, bcast_tile_kernel, epi_bloc
 if TYPE_CHECKING:
     from aotc.target import Target
 
+
 # (BT, G, AT) per m: interpolation points 0, 1, -1 (m = 2) and 0, 1, -1, 2, -2 (m = 4), plus infinity.
 _MATRICES: dict[int, tuple[list[list[F]], list[list[F]], list[list[F]]]] = {
     2: ([[F(1), F(0), F(-1), F(0)], [F(0), F(1), F(1), F(0)], [F(0), F(-1), F(1), F(0)], [F(0), F(1), F(0), F(-1)]],
