@@ -8,6 +8,10 @@ nothing with aotc's passes or C code.
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -95,18 +99,63 @@ def random_inputs(specs: list[tuple[str, tuple[int, ...]]], seed: int = 0) -> li
     return out
 
 
+# Runs in a child interpreter: a crash inside onnxruntime (it has segfaulted on models it
+# accepted) must not take the compiler with it. Only numpy and onnxruntime are imported there,
+# not aotc or onnx, to keep the start-up short; -P keeps the working directory off sys.path.
+_ORT_CHILD = """
+import sys, numpy as np
+d = sys.argv[1]
+try:
+    import onnxruntime as ort
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 4
+    with open(d + "/model.onnx", "rb") as f:
+        sess = ort.InferenceSession(f.read(), opts, providers=["CPUExecutionProvider"])
+    with np.load(d + "/inputs.npz", allow_pickle=True) as z:
+        feeds = {k: z[k] for k in z.files}
+    outs = [np.asarray(r) for r in sess.run(None, feeds)]
+except Exception as e:
+    lines = str(e).strip().splitlines()
+    with open(d + "/error.txt", "w") as f:
+        f.write(type(e).__name__ + (": " + lines[0][:200] if lines else ""))
+    sys.exit(1)
+np.savez(d + "/outputs.npz", *outs)
+with open(d + "/version.txt", "w") as f:
+    f.write(ort.__version__)
+"""
+
+ORT_CHILD_TIMEOUT_S = 600
+
+
+def _run_onnxruntime(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> tuple[list[np.ndarray], str]:
+    """onnxruntime's outputs in a child process; RuntimeError with one line when it fails or dies."""
+    with tempfile.TemporaryDirectory(prefix="aotc-ref-") as tmp:
+        d = Path(tmp)
+        (d / "model.onnx").write_bytes(model.SerializeToString())
+        np.savez(d / "inputs.npz", **feeds)
+        try:
+            proc = subprocess.run([sys.executable, "-P", "-c", _ORT_CHILD, tmp], stdin=subprocess.DEVNULL,
+                                  capture_output=True, timeout=ORT_CHILD_TIMEOUT_S, check=False)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"did not finish within {ORT_CHILD_TIMEOUT_S} s") from None
+        if proc.returncode == 0:
+            with np.load(d / "outputs.npz", allow_pickle=True) as z:
+                outs = [z[f"arr_{i}"] for i in range(len(z.files))]
+            return outs, f"onnxruntime {(d / 'version.txt').read_text()}"
+        if (d / "error.txt").exists():
+            raise RuntimeError((d / "error.txt").read_text())
+        if proc.returncode < 0:
+            raise RuntimeError(f"crashed (signal {-proc.returncode})")
+        raise RuntimeError(f"exited with status {proc.returncode}")
+
+
 def run_reference(model: onnx.ModelProto, inputs: list[np.ndarray]) -> tuple[list[np.ndarray], str]:
     """The outputs and the name of the implementation that computed them."""
     feeds = {f"in{i}": x for i, x in enumerate(inputs)}
     try:
-        import onnxruntime as ort
-
-        opts = ort.SessionOptions()
-        opts.log_severity_level = 4
-        sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-        return [np.asarray(r) for r in sess.run(None, feeds)], f"onnxruntime {ort.__version__}"
-    except Exception as e:  # not installed, or an op or type it lacks: the slower pure-Python reference
-        ort_error = _first_line(e)
+        return _run_onnxruntime(model, feeds)
+    except RuntimeError as e:  # not installed, an op or type it lacks, or a crash: the pure-Python reference
+        ort_error = str(e)
     from onnx.reference import ReferenceEvaluator
 
     try:

@@ -1,0 +1,57 @@
+"""Regression tests for failure classes found by the fuzz campaign (tools/fuzz.py)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from models import make, vi
+from onnx import helper
+
+import aotc.reference as reference
+from aotc.reference import run_reference
+
+
+def _layernorm_without_bias():
+    # onnxruntime 1.31 segfaults on this LayerNormalization (empty bias name) when run on inputs.
+    node = helper.make_node("LayerNormalization", ["in0", "in1", ""], ["out0"], axis=-1)
+    return make([node], [vi("in0", [2, 4]), vi("in1", [4])], [vi("out0", [2, 4])])
+
+
+def _layernorm(x: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + 1e-5) * scale
+
+
+def test_a_crashing_onnxruntime_does_not_kill_the_compiler():
+    rng = np.random.default_rng(0)
+    x, scale = rng.standard_normal((2, 4)).astype(np.float32), rng.standard_normal(4).astype(np.float32)
+    (out,), _ = run_reference(_layernorm_without_bias(), [x, scale])
+    np.testing.assert_allclose(out, _layernorm(x, scale), rtol=1e-4, atol=1e-5)
+
+
+def test_a_reference_child_that_dies_falls_back_to_onnx_reference(monkeypatch):
+    monkeypatch.setattr(reference, "_ORT_CHILD", "import os; os.abort()")
+    model = make([helper.make_node("Relu", ["in0"], ["out0"])], [vi("in0", [3])], [vi("out0", [3])])
+    (out,), name = run_reference(model, [np.array([-1, 0, 2], np.float32)])
+    assert name.startswith("onnx.reference")
+    np.testing.assert_array_equal(out, [0, 0, 2])
+
+
+def test_both_references_failing_names_the_childs_crash(monkeypatch):
+    monkeypatch.setattr(reference, "_ORT_CHILD", "import os; os.abort()")
+    model = make([helper.make_node("Frobnicate", ["in0"], ["out0"], domain="com.example")],
+                 [vi("in0", [2])], [vi("out0", [2])])
+    with pytest.raises(reference.AotcError, match=r"onnxruntime: crashed \(signal 6\); onnx.reference: "):
+        run_reference(model, [np.zeros(2, np.float32)])
+
+
+def test_the_reference_child_costs_well_under_a_second():
+    model = make([helper.make_node("Relu", ["in0"], ["out0"])], [vi("in0", [3])], [vi("out0", [3])])
+    t0 = time.perf_counter()
+    (out,), name = run_reference(model, [np.array([-1, 0, 2], np.float32)])
+    assert time.perf_counter() - t0 < 2.0  # about 0.2 s alone; generous for a loaded CI machine
+    assert name.startswith("onnxruntime")
+    np.testing.assert_array_equal(out, [0, 0, 2])
