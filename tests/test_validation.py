@@ -120,6 +120,14 @@ def _relu_header(no_opset: bool = False, ir_version: int = 9, extra: tuple[str, 
     return model
 
 
+def _ir3_model(declare_initializer: bool) -> onnx.ModelProto:
+    inputs = [vi("x", [2])] + ([vi("c", [2])] if declare_initializer else [])
+    model = make([helper.make_node("Add", ["x", "c"], ["y"])], inputs, [vi("y", [2])],
+                 [init("c", np.ones(2, np.float32))], opset=8)
+    model.ir_version = 3
+    return model
+
+
 def _ml_model(node: onnx.NodeProto) -> onnx.ModelProto:
     model = make([node], [vi("x", [3])], [vi("y", None)])
     model.opset_import.append(helper.make_opsetid("ai.onnx.ml", 5))
@@ -166,6 +174,13 @@ SCHEMA_CASES = {
     "opset_import_before_ir_3": (_relu_header(ir_version=2), "IR version 2 predates opset_import"),
     "opset_out_of_range": (_relu_header(extra=("bogus.domain", 2**40)), "opset 1099511627776 of domain 'bogus.domain' "
                                                                        "is out of range"),
+    # onnxruntime registers com.microsoft opset 1 only and refuses any later import, used or not.
+    "com_microsoft_opset_21": (_relu_header(extra=("com.microsoft", 21)),
+                               "opset 21 of domain 'com.microsoft' is not defined (onnxruntime defines 1 to 1)"),
+    "ml_opset_7": (_relu_header(extra=("ai.onnx.ml", 7)), "opset 7 of domain 'ai.onnx.ml' is not defined (onnx"),
+    # onnx.checker: "c in initializer but not in graph input" before IR version 4.
+    "ir3_initializer_not_an_input": (_ir3_model(declare_initializer=False),
+                                     "initializer 'c' is not a graph input, which IR version 3 requires"),
     "two_default_opsets": (_relu_header(extra=("ai.onnx", 18)), "opset_import gives domain 'ai.onnx' two versions"),
     "op_newer_than_opset": (
         make([helper.make_node("Gelu", ["x"], ["y"], name="g")], [vi("x", [2])], [vi("y", [2])], opset=17),
@@ -265,6 +280,17 @@ def test_op_attributes_and_shapes_are_checked(case: str, tmp_path) -> None:
 def test_schema_is_checked(case: str, tmp_path) -> None:
     model, fragment = SCHEMA_CASES[case]
     _refused(model, tmp_path, fragment)
+
+
+def test_accepted_headers() -> None:
+    """What onnx.checker and onnxruntime both accept: an IR 3 initializer listed as a graph input,
+    com.microsoft opset 1; and an empty graph name (the checker refuses it, onnxruntime runs it)."""
+    from aotc.frontends.onnx import import_onnx
+
+    unnamed = _relu_header(extra=("com.microsoft", 1))
+    unnamed.graph.name = ""
+    for model in (_ir3_model(declare_initializer=True), unnamed):
+        assert import_onnx(model).nodes
 
 
 def test_depthwise_stride_past_the_plane(tmp_path) -> None:

@@ -22,7 +22,7 @@ backend suite's node models with one random node mutation each (5,652 models), e
 checker refused is refused here too but for deliberate differences: an op its domain does not define
 is reported as unsupported (and may sit on a pruned branch), and "ai.onnx" is the default domain
 without an import of its own, as onnxruntime has it. Neither do graph outputs need a shape or a type
-(the checker wants both; onnxruntime and aotc do not use them). Cost: 0.24 s for 10,000 nodes (the
+(the checker wants both; onnxruntime and aotc do not use them), nor a graph a name. Cost: 0.24 s for 10,000 nodes (the
 checker: 0.03 to 0.09 s). Nodes of a domain ``onnx.defs`` does not know (custom ops) get no schema
 check: they are reported as unsupported unless aotc's op table has them.
 """
@@ -41,6 +41,11 @@ from aotc.errors import AotcError
 # onnx's (schemas, onnx.reference), so an opset past these has no defined meaning here.
 _KNOWN_OPSETS: dict[str, tuple[int, int]] = dict(onnx.defs.C.schema_version_map())
 DEFAULT_DOMAINS = ("", "ai.onnx")
+# Domains onnxruntime defines beyond onnx's, with the highest opset it registers (onnxruntime
+# 1.31's schema registry; it refuses a model importing a later one, used or not).
+_ONNXRUNTIME_OPSETS: dict[str, tuple[int, int]] = {
+    "com.microsoft": (1, 1), "com.microsoft.nchwc": (1, 1), "com.microsoft.experimental": (1, 1),
+    "org.pytorch.aten": (1, 1)}
 
 # Ops with a sliding window (kernel_shape/strides/dilations/pads attributes) and pools among them.
 WINDOW_OPS = frozenset({"Conv", "ConvTranspose", "ConvInteger", "QLinearConv", "MaxPool", "AveragePool",
@@ -102,7 +107,8 @@ def _repeated(field: FieldDescriptor) -> bool:
 
 def model_opsets(model: onnx.ModelProto) -> dict[str, int]:
     """Domain -> opset version ("" for the default domain, also spelled "ai.onnx"), checked: an
-    opset or IR version the installed onnx does not define is refused, as onnxruntime refuses it."""
+    opset or IR version the installed onnx (or onnxruntime, for its own domains) does not define is
+    refused, as onnxruntime refuses it; so are IR 3 initializers that are not graph inputs."""
     if not 1 <= model.ir_version <= onnx.IR_VERSION:
         raise AotcError(f"IR version {model.ir_version} is not defined (onnx {onnx.__version__} defines 1 to "
                         f"{onnx.IR_VERSION})")
@@ -122,9 +128,19 @@ def model_opsets(model: onnx.ModelProto) -> dict[str, int]:
         if known is not None and not known[0] <= imp.version <= known[1]:
             raise AotcError(f"opset {imp.version} of domain {imp.domain or 'ai.onnx'!r} is not defined "
                             f"(onnx {onnx.__version__} defines {known[0]} to {known[1]})")
+        known = _ONNXRUNTIME_OPSETS.get(domain)
+        if known is not None and not known[0] <= imp.version <= known[1]:
+            raise AotcError(f"opset {imp.version} of domain {imp.domain!r} is not defined (onnxruntime "
+                            f"defines {known[0]} to {known[1]})")
         opsets[domain] = int(imp.version)
     if not model.opset_import:  # IR version < 3: opset 1 was implied
         opsets[""] = 1
+    if model.ir_version < 4:  # initializers became constants in their own right with IR version 4
+        inputs = {vi.name for vi in model.graph.input}
+        for t in model.graph.initializer:
+            if t.name not in inputs:
+                raise AotcError(f"initializer {t.name!r} is not a graph input, which IR version "
+                                f"{model.ir_version} requires (IR version 4 dropped the rule)")
     return opsets
 
 
