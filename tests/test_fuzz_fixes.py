@@ -6,9 +6,10 @@ import time
 
 import numpy as np
 import pytest
-from models import make, vi
+from models import init, make, ort_run, vi
 from onnx import helper
 
+import aotc
 import aotc.reference as reference
 from aotc.reference import run_reference
 
@@ -55,3 +56,16 @@ def test_the_reference_child_costs_well_under_a_second():
     assert time.perf_counter() - t0 < 2.0  # about 0.2 s alone; generous for a loaded CI machine
     assert name.startswith("onnxruntime")
     np.testing.assert_array_equal(out, [0, 0, 2])
+
+
+def test_reduce_mean_over_an_empty_axis_is_zero_as_in_onnxruntime(tmp_path):
+    # ONNX leaves it undefined; aotc computed 0 / 0 = NaN where onnxruntime gives 0.
+    model = make([helper.make_node("ReduceMean", ["x"], ["y"], keepdims=1),
+                  helper.make_node("ReduceSum", ["x", "a"], ["z"], keepdims=0)],
+                 [vi("x", [2, 0])], [vi("y", [1, 1]), vi("z", [2])], [init("a", np.array([1]))], opset=18)
+    x = np.zeros((2, 0), np.float32)
+    got = aotc.compile(model, out_dir=tmp_path, name="m").run({"x": x})
+    want = ort_run(model, {"x": x})
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)
+    np.testing.assert_array_equal(got[0], [[0]])

@@ -252,7 +252,8 @@ def emit_loop_kernel(k: Kernel, ptrs: dict[int, str]) -> tuple[str, str | None]:
         return rule.combine.format(a=a, b=b)
 
     def result(acc: str) -> str:
-        post = rule.post.format(acc=acc, n=c_literal(n_red, rtype), **fmt)
+        # The mean of an empty set (ONNX: undefined) is 0, as onnxruntime gives, not 0 / 0.
+        post = rule.post.format(acc=acc, n=c_literal(max(n_red, 1), rtype), **fmt)
         return f"const {rtype} red = {dtypes.round_to(red.outputs[0].dtype, post)};"
 
     def accumulate(lo: str, hi: str) -> None:
