@@ -26,6 +26,8 @@ CORPUS = Path(__file__).resolve().parent / "fuzz_corpus"
 CASES = int(os.environ.get("AOTC_FUZZ_CASES", "400"))
 SEED = int(os.environ.get("AOTC_FUZZ_SEED", "0"))
 JOBS = int(os.environ.get("AOTC_FUZZ_JOBS", str(min(2, os.cpu_count() or 1))))
+# A case compiles and runs in a few seconds even on a loaded machine; one that takes a minute is a hang.
+CASE_TIMEOUT = 60.0
 
 
 def _describe(failures: list[fuzz.Result]) -> str:
@@ -49,7 +51,7 @@ def test_seed_models_are_valid(name):
 
 def test_fuzz_campaign(tmp_path):
     require_sanitizers(tmp_path)
-    results = fuzz.campaign(SEED, CASES, jobs=JOBS)
+    results = fuzz.campaign(SEED, CASES, jobs=JOBS, case_timeout=CASE_TIMEOUT)
     assert len(results) == CASES
     failures = [r for r in results if r.outcome in fuzz.FAILURES]
     assert not failures, f"{len(failures)} of {CASES} cases failed:\n{_describe(failures)}"
@@ -57,7 +59,7 @@ def test_fuzz_campaign(tmp_path):
 
 def test_corpus_replays_to_its_expected_outcome(tmp_path):
     require_sanitizers(tmp_path)
-    replayed = fuzz.replay_corpus(CORPUS, JOBS)
+    replayed = fuzz.replay_corpus(CORPUS, JOBS, CASE_TIMEOUT)
     assert replayed, "the corpus is empty"
     wrong = [f"{case.id}: {r.outcome}, expected {' or '.join(meta['expected'])}: {str(r.info.get('message', ''))[:200]}"
              for case, meta, r in replayed if r.outcome not in meta["expected"]]

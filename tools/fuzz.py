@@ -70,7 +70,7 @@ SANITIZE = ["-fsanitize=address,undefined,float-cast-overflow", "-fno-sanitize-r
 # shows up as a MemoryError (a traceback) instead of taking the machine down.
 WORKER_MEMORY = 6 << 30
 RUN_LIMIT = 1 << 28  # bytes of workspace, inputs and outputs up to which a built library is run
-WORKER_FILE_SIZE = 2 << 30  # and the largest file it (or the C compiler) may write: not a full disk
+WORKER_FILE_SIZE = 1 << 28  # and the largest file it (or the C compiler) may write: not a full disk
 IR_VERSION = 10  # onnxruntime 1.31 reads IR versions up to 11
 F = TensorProto.FLOAT
 
@@ -1288,7 +1288,7 @@ class Runner:
     """A pool of workers and a scratch folder, reused for every batch of a session (the campaign, then
     each minimization), so workers import aotc once."""
 
-    def __init__(self, jobs: int = 1, case_timeout: float = 180.0, test_timeout: float = 30.0) -> None:
+    def __init__(self, jobs: int = 1, case_timeout: float = 120.0, test_timeout: float = 30.0) -> None:
         self._tmp = tempfile.TemporaryDirectory(prefix="aotc-fuzz-")
         self.workdir = Path(self._tmp.name)
         self.pool = Pool(jobs, self.workdir, case_timeout, test_timeout)
@@ -1589,17 +1589,18 @@ def load_corpus(corpus: Path) -> list[tuple[Case, dict]]:
     return out
 
 
-def replay_corpus(corpus: Path, jobs: int = 1) -> list[tuple[Case, dict, Result]]:
+def replay_corpus(corpus: Path, jobs: int = 1, case_timeout: float = 120.0) -> list[tuple[Case, dict, Result]]:
     """Every corpus model run again: (case, its metadata, the result now)."""
     entries = load_corpus(corpus)
-    results = run_cases([c for c, _ in entries], jobs=jobs)
+    results = run_cases([c for c, _ in entries], jobs=jobs, case_timeout=case_timeout)
     return [(c, meta, r) for (c, meta), r in zip(entries, results, strict=True)]
 
 
-def campaign(seed: int, cases: int, start: int = 0, jobs: int = 1,
+def campaign(seed: int, cases: int, start: int = 0, jobs: int = 1, case_timeout: float = 120.0,
              progress: Callable[[Result], None] | None = None) -> list[Result]:
     """Cases ``start .. start + cases`` of ``seed``; the results in case order."""
-    return run_cases((make_case(seed, i) for i in range(start, start + cases)), jobs=jobs, progress=progress)
+    return run_cases((make_case(seed, i) for i in range(start, start + cases)), jobs=jobs,
+                     case_timeout=case_timeout, progress=progress)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -1611,7 +1612,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--start", type=int, default=0, help="first case index")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--jobs", type=int, default=1)
-    ap.add_argument("--timeout", type=float, default=180.0, help="seconds per case before it counts as a hang")
+    ap.add_argument("--timeout", type=float, default=120.0, help="seconds per case before it counts as a hang")
     ap.add_argument("--report", type=Path, help="JSON: every case's outcome and the counts")
     ap.add_argument("--findings", type=Path, help="Markdown: failures grouped by signature")
     ap.add_argument("--minimize", action="store_true", help="minimize one case per failure signature")
@@ -1637,7 +1638,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.replay:
         bad = 0
-        for case, meta, r in replay_corpus(args.replay, args.jobs):
+        for case, meta, r in replay_corpus(args.replay, args.jobs, args.timeout):
             good = r.outcome in meta["expected"]
             bad += not good
             print(f"{'ok  ' if good else 'FAIL'} {case.id}: {r.outcome} (expected {'/'.join(meta['expected'])})"
