@@ -69,3 +69,38 @@ def test_reduce_mean_over_an_empty_axis_is_zero_as_in_onnxruntime(tmp_path):
     for g, w in zip(got, want, strict=True):
         np.testing.assert_array_equal(g, w)
     np.testing.assert_array_equal(got[0], [[0]])
+
+
+def _matches_onnxruntime(model, feeds: dict[str, np.ndarray], out_dir) -> None:
+    got = aotc.compile(model, out_dir=out_dir, name="m").run(feeds)
+    for g, w in zip(got, ort_run(model, feeds), strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+def test_a_conv_row_past_the_bound_takes_the_generic_loop(tmp_path):
+    # A 2^32+3 wide depthwise input made a 16 GiB `static const float zrow[...]` (ld failed); wide
+    # rows pads [.., 2^31-1] ran the compiler out of memory listing edge columns.
+    from aotc.ops.conv.common import MAX_FAST_ROW
+
+    wide = MAX_FAST_ROW + 3
+    w = np.random.default_rng(1).standard_normal((2, 1, 1, 3)).astype(np.float32)
+    model = make([helper.make_node("Conv", ["x", "w"], ["y"], group=2, pads=[0, 1, 0, 1])],
+                 [vi("x", [1, 2, 1, wide])], [vi("y", [1, 2, 1, wide])], [init("w", w)])
+    x = np.random.default_rng(2).standard_normal((1, 2, 1, wide)).astype(np.float32)
+    _matches_onnxruntime(model, {"x": x}, tmp_path)
+    assert not any("zrow" in p.read_text() for p in tmp_path.rglob("*.c"))
+
+
+@pytest.mark.parametrize("op, shape, attrs", [
+    # The separable path's per-column tables and stack row buffer: a 2^32+3 wide row hung the compile.
+    ("MaxPool", [1, 2, (1 << 14) + 5], {"kernel_shape": [3], "pads": [1, 1]}),
+    # A 2^62 kernel: a C array beyond any object size, a MemoryError unrolling the taps, and then a
+    # loop over 2^62 taps of padding at run time.
+    ("AveragePool", [1, 1, 3, 4], {"kernel_shape": [1 << 62, 3], "auto_pad": "SAME_UPPER"}),
+    ("MaxPool", [1, 2, 9], {"kernel_shape": [1 << 62], "auto_pad": "SAME_LOWER"}),
+    ("AveragePool", [1, 2, 9], {"kernel_shape": [1 << 40], "auto_pad": "SAME_UPPER", "count_include_pad": 1}),
+])
+def test_pools_past_the_separable_bounds_match_onnxruntime(op, shape, attrs, tmp_path):
+    model = make([helper.make_node(op, ["x"], ["y"], **attrs)], [vi("x", shape)], [vi("y", None)])
+    x = np.random.default_rng(3).standard_normal(shape).astype(np.float32)
+    _matches_onnxruntime(model, {"x": x}, tmp_path)

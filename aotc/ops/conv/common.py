@@ -229,6 +229,17 @@ def padded_dims(g: Geometry) -> tuple[int, int, int]:
     return tuple(g.inp[i] + g.pb[i] + g.pe[i] for i in range(3))  # type: ignore[return-value]
 
 
+# The conv paths other than the generic loop hold compile-time structures that grow with the row
+# width (the depthwise zero row, edge columns unrolled or listed, phase tables); past this padded
+# width (2^20 floats; a 2^32+3 wide input made a 16 GiB constant) a conv takes the generic loop.
+MAX_FAST_ROW = 1 << 20
+
+
+def fast_rows(g: Geometry) -> bool:
+    """Whether ``g``'s padded rows are narrow enough for the specialized conv paths."""
+    return padded_dims(g)[2] <= MAX_FAST_ROW
+
+
 def pad_copy(g: Geometry, src: str, dst: str, planes: int) -> list[str]:
     """Copy ``planes`` input planes into a zero-padded buffer (so the hot loops need no bounds checks)."""
     PD, PH, PW = padded_dims(g)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from aotc.ops.conv.common import UNROLL, Epilogue, Geometry, padded_dims, task_loop
+from aotc.ops.conv.common import UNROLL, Epilogue, Geometry, fast_rows, padded_dims, task_loop
 
 if TYPE_CHECKING:
     from aotc.target import Target
@@ -27,7 +27,7 @@ def use_phase(g: Geometry) -> bool:
     past the padded plane (one output along it) stays row by row: the phase path's tables and
     scratch grow with the stride."""
     _, ph, pw = padded_dims(g)
-    return g.inp[0] == 1 and g.k[0] == 1 and g.s[1] <= ph and g.s[2] <= pw and \
+    return fast_rows(g) and g.inp[0] == 1 and g.k[0] == 1 and g.s[1] <= ph and g.s[2] <= pw and \
         (max(g.s[1:]) > 1 or math.prod(padded_dims(g)) <= 4096)
 
 

@@ -9,7 +9,7 @@ import numpy as np
 
 from aotc.ir import dtypes
 from aotc.ir.graph import Node, Value
-from aotc.ops.conv.common import Epilogue, Geometry, geometry
+from aotc.ops.conv.common import Epilogue, Geometry, fast_rows, geometry
 from aotc.ops.conv.depthwise import depthwise_conv, phase_scratch, use_phase
 from aotc.ops.conv.direct import generic_conv, pack_conv_weights, tile_plan, tiled_conv, tiled_scratch_floats
 from aotc.ops.conv.expand_depthwise import fusable
@@ -46,6 +46,8 @@ def conv_path(node: Node, target: Target) -> str:
     if x.dtype != np.float32:
         return "generic"
     g = geometry(node)
+    if not fast_rows(g):
+        return "generic"
     if g.c // g.group == 1:
         return "depthwise"
     b = node.inputs[2] if len(node.inputs) > 2 else None

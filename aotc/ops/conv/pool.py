@@ -8,6 +8,24 @@ from aotc.ir.graph import Node
 from aotc.ops.common import lowest
 from aotc.ops.conv.common import Geometry, geometry, task_loop
 
+# The separable path keeps its row buffer and the window's row pointers on the stack, unrolls the
+# column taps and counts each column's taps at compile time: a pool past these bounds takes the
+# bounds-checked loop, whose code and compile time do not grow with its shape (a 2^32+3 wide input
+# hung the compile; a 2^62 kernel ran out of memory or made an array larger than any object).
+_SEPARABLE_MAX_ROW = 1 << 14
+_SEPARABLE_MAX_ROWS = 1 << 12
+_SEPARABLE_MAX_COLS = 1 << 8
+
+
+def _row_buffer(g: Geometry) -> int:
+    """Length of the separable path's padded row buffer."""
+    return max(g.pb[2] + g.inp[2], (g.out[2] - 1) * g.s[2] + (g.k[2] - 1) * g.d[2] + 1)
+
+
+def _separable_fits(g: Geometry) -> bool:
+    return (_row_buffer(g) <= _SEPARABLE_MAX_ROW and g.k[0] * g.k[1] <= _SEPARABLE_MAX_ROWS
+            and g.k[2] <= _SEPARABLE_MAX_COLS)
+
 
 def _pool_separable(node: Node, g: Geometry, x: str, y: str, ctype: str) -> str:
     """MaxPool/AveragePool as two vectorizable passes per output row: the window's valid input rows
@@ -20,7 +38,7 @@ def _pool_separable(node: Node, g: Geometry, x: str, y: str, ctype: str) -> str:
     ID, IH, IW = g.inp
     OD, OH, OW = g.out
     pb = g.pb[2]
-    blen = max(pb + IW, (OW - 1) * g.s[2] + (g.k[2] - 1) * g.d[2] + 1)
+    blen = _row_buffer(g)
     ident = lowest(ctype) if is_max else "0"
 
     def red(a: str, b: str) -> str:  # the max form compilers turn into vmaxps (NaN order aside)
@@ -69,6 +87,11 @@ def _pool_separable(node: Node, g: Geometry, x: str, y: str, ctype: str) -> str:
     return task_loop(g.n * g.c, "\n".join("  " + ln for ln in lines))
 
 
+def _upto(v: str, lim: int, k: int, d: int) -> str:
+    """C expression: how many of the taps ``v + q * d``, q in [0, k), lie below ``lim`` (> ``v``)."""
+    return f"({k} < ({lim} - {v} + {d - 1}) / {d} ? {k} : ({lim} - {v} + {d - 1}) / {d})"
+
+
 def pool_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
     """Max/average/Lp pooling over each window, bounds-checked; one (n, c) plane per work unit."""
     g = geometry(node)
@@ -79,7 +102,7 @@ def pool_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
     is_max = op in ("MaxPool", "GlobalMaxPool")
     p = int(node.attr("p", 2))
     include_pad = bool(node.attr("count_include_pad", 0))
-    if op in ("MaxPool", "AveragePool") and len(outs) == 1:
+    if op in ("MaxPool", "AveragePool") and len(outs) == 1 and _separable_fits(g):
         return _pool_separable(node, g, x, y, ctype)
     lines = [f"const {ctype} *xc = {x} + t * {g.in_size};",
              f"for (size_t od = 0; od < {OD}; od++)",
@@ -96,13 +119,17 @@ def pool_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
         lim = [g.inp[i] + g.pe[i] for i in range(3)]
         lines.append("  size_t cntp = 1;")
         for i, (v, k) in enumerate((("d0", g.k[0]), ("h0", g.k[1]), ("w0", g.k[2]))):
-            lines.append(f"  {{ size_t m = 0; for (ptrdiff_t q = 0; q < {k}; q++) "
-                         f"m += {v} + q * {g.d[i]} < {lim[i]}; cntp *= m; }}")
-    lines += [f"  for (ptrdiff_t kd = 0; kd < {g.k[0]}; kd++) {{",
+            lines.append(f"  cntp *= {v} < {lim[i]} ? {_upto(v, lim[i], k, g.d[i])} : 0;")
+    # Each window loop runs over the taps inside the input only: a kernel far larger than the input
+    # (kernel_shape 2^62 with auto_pad) must not loop over its padding.
+    for v, q, i in (("d0", "kd", 0), ("h0", "kh", 1), ("w0", "kw", 2)):
+        lines.append(f"  const ptrdiff_t {q}0 = {v} < 0 ? (-{v} + {g.d[i] - 1}) / {g.d[i]} : 0, "
+                     f"{q}1 = {v} < {g.inp[i]} ? {_upto(v, g.inp[i], g.k[i], g.d[i])} : 0;")
+    lines += ["  for (ptrdiff_t kd = kd0; kd < kd1; kd++) {",
               f"    const ptrdiff_t id = d0 + kd * {g.d[0]}; if (id < 0 || id >= {ID}) continue;",
-              f"    for (ptrdiff_t kh = 0; kh < {g.k[1]}; kh++) {{",
+              "    for (ptrdiff_t kh = kh0; kh < kh1; kh++) {",
               f"      const ptrdiff_t ih = h0 + kh * {g.d[1]}; if (ih < 0 || ih >= {IH}) continue;",
-              f"      for (ptrdiff_t kw = 0; kw < {g.k[2]}; kw++) {{",
+              "      for (ptrdiff_t kw = kw0; kw < kw1; kw++) {",
               f"        const ptrdiff_t iw = w0 + kw * {g.d[2]}; if (iw < 0 || iw >= {IW}) continue;",
               f"        const size_t i = (id * {IH} + ih) * {IW} + iw;",
               f"        const {ctype} xv = xc[i];"]
