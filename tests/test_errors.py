@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 from models import dense_relu, make, vi
-from onnx import helper
+from onnx import helper, numpy_helper
 
 import aotc
 from aotc.compiler import compile_model
@@ -136,3 +136,10 @@ def test_gen_test_without_a_reference_is_one_error():
                  [vi("in0", [2])], [vi("out0", [2])])
     with pytest.raises(aotc.AotcError, match="no reference could run the model"):
         run_reference(model, [np.zeros(2, np.float32)])
+
+
+def test_tile_repeats_must_be_one_dimensional(tmp_path):
+    model = make([helper.make_node("Tile", ["x", "r"], ["y"])], [vi("x", [2, 3])], [vi("y", None)],
+                 [numpy_helper.from_array(np.array([[2], [1]], np.int64), "r")])
+    with pytest.raises(aotc.AotcError, match="bad repeats"):
+        compile_model(model, tmp_path, "m")

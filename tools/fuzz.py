@@ -901,7 +901,8 @@ def _first_error_line(text: str) -> str:
 # outputs without a shape or type, a node domain spelled ai.onnx, opset imports of unused domains).
 CHECKER_EXCEPTIONS = (r"Field 'shape' of 'type' is required but missing",
                       r"Field 'type' of 'value_info' is required but missing",
-                      r"No opset import for domain 'ai\.onnx'")
+                      r"No opset import for domain 'ai\.onnx'",
+                      r"Field 'name' of 'graph' is required to be non-empty")
 
 
 def checker_exception(message: str, path: Path) -> bool:

@@ -146,9 +146,9 @@ def _dim_offsets(idx: np.ndarray, stride: int, valid: np.ndarray | None = None) 
 
 # -- Tile ----------------------------------------------------------------------------------------------
 def _repeats(node: Node) -> list[int]:
-    r = const_input(node, 1, "repeats")
-    reps = [int(v) for v in np.asarray(r).reshape(-1)]
-    if len(reps) != len(_in(node).shape) or any(v < 0 for v in reps):
+    r = np.asarray(const_input(node, 1, "repeats"))
+    reps = [int(v) for v in r.reshape(-1)]
+    if r.ndim != 1 or len(reps) != len(_in(node).shape) or any(v < 0 for v in reps):  # 1-D, as onnxruntime checks
         raise AotcError(f"{_where(node)}: bad repeats {reps}")
     return reps
 
