@@ -391,6 +391,9 @@ Notes:
   thread count.
 - `compile` is the whole `aotc compile`; in parentheses the C compiler's part of it (the rest is the
   passes and code generation).
+- TensorFlow models (Keras MobileNetV2 and a BERT-like block from their frozen GraphDefs, beside
+  TensorFlow itself and the tf2onnx path) are in [benchmarks_tensorflow.md](benchmarks_tensorflow.md),
+  written by `benchmarks/tensorflow.py`.
 """
 
 

@@ -1,8 +1,8 @@
 """Matrix products, convolutions, pooling, batch normalization and reductions.
 
 TF's image ops are NHWC; aotc's Conv and pools are ONNX's NCHW, so a translation transposes around
-them (the simplify pass cancels a transpose pair between two such ops) and the filters are put in
-ONNX's layout once, here.
+them (the layout pass, aotc/passes/layout.py, moves those transposes through the ops between two such
+ops until they cancel) and the filters are put in ONNX's layout once, here.
 """
 
 from __future__ import annotations
