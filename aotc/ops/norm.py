@@ -206,9 +206,10 @@ def layernorm_kernel(node: Node, ins: list[str], outs: list[str], ctype: str,
 
 
 def _ln_takes_prologue(node: Node, producer: Node, target: Target) -> bool:
-    """The row kernel can compute a float input row from its elementwise chain (e.g. a GELU) into the
-    output row and normalize it there while it is in L1 (aotc/codegen/kernels.py)."""
-    return OPS[producer.op].kind == "elementwise" and node.inputs[0].dtype in (np.float32, np.float64)
+    """The row kernel can compute a float input row from its elementwise chain (e.g. a GELU), views
+    (a Transpose the layout pass moved after the chain) included, into the output row and normalize it
+    there while it is in L1 (aotc/codegen/kernels.py)."""
+    return OPS[producer.op].kind in ("elementwise", "view") and node.inputs[0].dtype in (np.float32, np.float64)
 
 
 register(OpDef("LayerNormalization", "kernel", _ln_infer, emit=layernorm_kernel, can_take_prologue=_ln_takes_prologue))

@@ -125,7 +125,7 @@ def _grow_prologue(k: Kernel, users: dict[int, list[Node]], fetched: set[int],
     x = k.root.inputs[0] if k.root.inputs else None
     p = x.producer if x is not None else None
     if hook is None or x is None or p is None or x.is_const or id(p) in owner or id(x) in fetched \
-            or len(p.outputs) != 1 or OPS[p.op].kind != "elementwise" \
+            or len(p.outputs) != 1 or OPS[p.op].kind not in ("elementwise", "view") \
             or any(u is not k.root for u in users[id(x)]) or any(v is x for v in k.root.inputs[1:]) \
             or not hook(k.root, p, target):
         return
