@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from tf_fixtures import fixtures_dir
+from tf_graphs import dt_float, graphdef, shape
 
 import aotc
 from aotc.bindings import CompiledModel
@@ -146,30 +147,12 @@ def test_config_feeds_and_fetches(fx, tmp_path):
 
 
 # -- hand-made GraphDefs: errors and tensor encodings (no TensorFlow needed) --------------------------
-def _graph(*nodes: tuple[str, str, list[str], dict]):
-    from tensorboard.compat.proto import graph_pb2
-
-    gd = graph_pb2.GraphDef()
-    for name, op, inputs, attrs in nodes:
-        n = gd.node.add(name=name, op=op, input=inputs)
-        for k, fill in attrs.items():
-            fill(n.attr[k])
-    return gd
 
 
-def _float_placeholder(a):
-    a.type = 1  # DT_FLOAT
-
-
-def _shape(*dims):
-    def fill(a):
-        for d in dims:
-            a.shape.dim.add(size=d)
-    return fill
 
 
 def test_every_unsupported_op_is_listed_at_once():
-    gd = _graph(("x", "Placeholder", [], {"dtype": _float_placeholder, "shape": _shape(2)}),
+    gd = graphdef(("x", "Placeholder", [], {"dtype": dt_float, "shape": shape(2)}),
                 ("a", "Bogus", ["x"], {}), ("b", "Weird", ["a", "^x"], {}), ("c", "Bogus", ["b"], {}),
                 ("unused", "AlsoBogus", ["x"], {}), ("y", "Relu", ["c"], {}))
     with pytest.raises(UnsupportedOpsError) as e:
@@ -189,7 +172,7 @@ def test_constants_splat_and_half_values():
         return fill
 
     half_bits = np.array([1.5, -2.0], np.float16).view(np.uint16).tolist()
-    gd = _graph(("s", "Const", [], {"value": tensor(1, [2, 3], float_val=[7.0]), "dtype": _float_placeholder}),
+    gd = graphdef(("s", "Const", [], {"value": tensor(1, [2, 3], float_val=[7.0]), "dtype": dt_float}),
                 ("h", "Const", [], {"value": tensor(19, [2], half_val=half_bits)}),
                 ("z", "Const", [], {"value": tensor(3, [4])}))
     g = import_graphdef(gd, outputs=["s", "h", "z"])
@@ -218,7 +201,7 @@ def test_missing_tensorboard_says_how_to_install(monkeypatch):
 
 
 def test_attribute_errors_name_the_node():
-    gd = _graph(("x", "Placeholder", [], {"dtype": _float_placeholder, "shape": _shape(1, 4, 4, 2)}),
+    gd = graphdef(("x", "Placeholder", [], {"dtype": dt_float, "shape": shape(1, 4, 4, 2)}),
                 ("p", "MaxPool", ["x"], {"ksize": lambda a: a.list.i.extend([1, 2, 2, 1]),
                                          "strides": lambda a: a.list.i.extend([1, 1, 1, 1]),
                                          "padding": lambda a: setattr(a, "s", b"FULL")}))

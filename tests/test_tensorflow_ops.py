@@ -5,33 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from tf_graphs import dt_float, graphdef, shape
 
 import aotc
 from aotc.compiler import compile_model
 from aotc.errors import AotcError
 from aotc.frontends.tensorflow import import_graphdef
-
-
-def _graph(*nodes: tuple[str, str, list[str], dict]):
-    from tensorboard.compat.proto import graph_pb2
-
-    gd = graph_pb2.GraphDef()
-    for name, op, inputs, attrs in nodes:
-        n = gd.node.add(name=name, op=op, input=inputs)
-        for k, fill in attrs.items():
-            fill(n.attr[k])
-    return gd
-
-
-def _float(a):
-    a.type = 1  # DT_FLOAT
-
-
-def _shape(*dims):
-    def fill(a):
-        for d in dims:
-            a.shape.dim.add(size=d)
-    return fill
 
 
 def _ints(*values):
@@ -53,7 +32,7 @@ def _run(gd, outputs, feeds, tmp_path):
 
 def test_inlined_call_reads_the_second_output_argument(tmp_path):
     # Inside a function, TopKV2's indices are "top:indices:0"; in the flat graph they are output 1.
-    gd = _graph(("x", "Placeholder", [], {"dtype": _float, "shape": _shape(2, 5)}),
+    gd = graphdef(("x", "Placeholder", [], {"dtype": dt_float, "shape": shape(2, 5)}),
                 ("call", "PartitionedCall", ["x"], {"f": lambda a: setattr(a.func, "name", "pick")}))
     f = gd.library.function.add()
     f.signature.name = "pick"
@@ -74,7 +53,7 @@ def test_inlined_call_reads_the_second_output_argument(tmp_path):
 
 
 def test_recursive_function_is_refused():
-    gd = _graph(("x", "Placeholder", [], {"dtype": _float, "shape": _shape(2)}),
+    gd = graphdef(("x", "Placeholder", [], {"dtype": dt_float, "shape": shape(2)}),
                 ("call", "PartitionedCall", ["x"], {"f": lambda a: setattr(a.func, "name", "loop")}))
     f = gd.library.function.add()
     f.signature.name = "loop"
@@ -92,7 +71,7 @@ def test_recursive_function_is_refused():
 def test_einsum_outside_the_matmul_form_stays_einsum(tmp_path, equation, shapes):
     # A repeated letter (a diagonal) and a broadcast batch letter: ONNX Einsum's loop nest.
     names = [f"x{i}" for i in range(len(shapes))]
-    gd = _graph(*[(n, "Placeholder", [], {"dtype": _float, "shape": _shape(*s)})
+    gd = graphdef(*[(n, "Placeholder", [], {"dtype": dt_float, "shape": shape(*s)})
                   for n, s in zip(names, shapes, strict=True)],
                 ("e", "Einsum", names, {"equation": _set("s", equation.encode())}))
     graph = import_graphdef(gd)
@@ -103,8 +82,8 @@ def test_einsum_outside_the_matmul_form_stays_einsum(tmp_path, equation, shapes)
 
 
 def test_einsum_as_matmul_sums_letters_only_one_operand_has(tmp_path):
-    gd = _graph(("a", "Placeholder", [], {"dtype": _float, "shape": _shape(2, 3, 4)}),
-                ("b", "Placeholder", [], {"dtype": _float, "shape": _shape(4, 5)}),
+    gd = graphdef(("a", "Placeholder", [], {"dtype": dt_float, "shape": shape(2, 3, 4)}),
+                ("b", "Placeholder", [], {"dtype": dt_float, "shape": shape(4, 5)}),
                 ("e", "Einsum", ["a", "b"], {"equation": _set("s", b"xyk,kz->zy")}))
     graph = import_graphdef(gd)
     assert "MatMul" in [n.op for n in graph.nodes] and "Einsum" not in [n.op for n in graph.nodes]
@@ -135,8 +114,8 @@ def _paddings(*rows):
     (("t", "TopKV2", ["x", "k9"], {}), r"^TopKV2 node 't': k=9 is out of range for an input of shape \[2, 4\]$"),
 ])
 def test_op_errors_name_the_node_and_value(node, message):
-    gd = _graph(("x", "Placeholder", [], {"dtype": _float, "shape": _shape(2, 4)}),
-                ("img", "Placeholder", [], {"dtype": _float, "shape": _shape(1, 2, 2, 1)}),
+    gd = graphdef(("x", "Placeholder", [], {"dtype": dt_float, "shape": shape(2, 4)}),
+                ("img", "Placeholder", [], {"dtype": dt_float, "shape": shape(1, 2, 2, 1)}),
                 ("pads", "Const", [], {"value": _paddings((0, 0), (4, 0)), "dtype": _set("type", 3)}),
                 ("size", "Const", [], {"value": _ints(3, 3), "dtype": _set("type", 3)}),
                 ("k9", "Const", [], {"value": _ints(9), "dtype": _set("type", 3)}), node)
@@ -148,10 +127,10 @@ def test_conv2d_backprop_input_with_sizes_the_input_cannot_give():
     def ints_attr(*v):
         return lambda a: a.list.i.extend(v)
 
-    gd = _graph(("dy", "Placeholder", [], {"dtype": _float, "shape": _shape(1, 2, 2, 3)}),
+    gd = graphdef(("dy", "Placeholder", [], {"dtype": dt_float, "shape": shape(1, 2, 2, 3)}),
                 ("w", "Const", [], {"value": lambda a: (setattr(a.tensor, "dtype", 1),
                                                         [a.tensor.tensor_shape.dim.add(size=d) for d in (3, 3, 4, 3)]),
-                                    "dtype": _float}),
+                                    "dtype": dt_float}),
                 ("sizes", "Const", [], {"value": _ints(1, 9, 9, 4), "dtype": _set("type", 3)}),
                 ("t", "Conv2DBackpropInput", ["sizes", "w", "dy"], {"strides": ints_attr(1, 2, 2, 1),
                                                                      "padding": _set("s", b"SAME")}))
@@ -163,18 +142,18 @@ def test_conv2d_backprop_input_with_sizes_the_input_cannot_give():
 def test_variable_updates_dropped_unless_a_fetch_depends_on_them():
     from aotc.frontends.tensorflow import summarize
 
-    var = {"dtype": _float, "shape": _shape(2), "shared_name": _set("s", b"v")}
-    nodes = [("x", "Placeholder", [], {"dtype": _float, "shape": _shape(2)}),
+    var = {"dtype": dt_float, "shape": shape(2), "shared_name": _set("s", b"v")}
+    nodes = [("x", "Placeholder", [], {"dtype": dt_float, "shape": shape(2)}),
              ("v", "VarHandleOp", [], var), ("set", "AssignVariableOp", ["v", "x"], {}),
              ("y", "Relu", ["x"], {})]
-    graph = import_graphdef(_graph(*nodes), outputs=["y"])  # the update is dropped
+    graph = import_graphdef(graphdef(*nodes), outputs=["y"])  # the update is dropped
     assert [n.op for n in graph.nodes] == ["Relu"]
-    assert summarize(_graph(*nodes)).ops["AssignVariableOp"] == (1, True)
+    assert summarize(graphdef(*nodes)).ops["AssignVariableOp"] == (1, True)
     ordered = [*nodes[:3], ("y", "Relu", ["x", "^set"], {})]
     with pytest.raises(AotcError, match=r"^AssignVariableOp node 'set' updates variable 'v', which the fetches "
                                         "depend on: variables updated in place are not supported yet$"):
-        import_graphdef(_graph(*ordered), outputs=["y"])
+        import_graphdef(graphdef(*ordered), outputs=["y"])
     read = [*nodes[:2], ("r", "ReadVariableOp", ["v"], {}), ("y", "Relu", ["r"], {})]
     with pytest.raises(AotcError, match=r"^VarHandleOp node 'v' is a variable, and the graph holds no value for "
                                         "it: compile the SavedModel, freeze the graph, or feed the variable$"):
-        import_graphdef(_graph(*read), outputs=["y"])
+        import_graphdef(graphdef(*read), outputs=["y"])
