@@ -902,7 +902,8 @@ def _first_error_line(text: str) -> str:
 CHECKER_EXCEPTIONS = (r"Field 'shape' of 'type' is required but missing",
                       r"Field 'type' of 'value_info' is required but missing",
                       r"No opset import for domain 'ai\.onnx'",
-                      r"Field 'name' of 'graph' is required to be non-empty")
+                      r"Field 'name' of 'graph' is required to be non-empty",
+                      r"in initializer but not in graph input")
 
 
 def checker_exception(message: str, path: Path) -> bool:

@@ -135,12 +135,6 @@ def model_opsets(model: onnx.ModelProto) -> dict[str, int]:
         opsets[domain] = int(imp.version)
     if not model.opset_import:  # IR version < 3: opset 1 was implied
         opsets[""] = 1
-    if model.ir_version < 4:  # initializers became constants in their own right with IR version 4
-        inputs = {vi.name for vi in model.graph.input}
-        for t in model.graph.initializer:
-            if t.name not in inputs:
-                raise AotcError(f"initializer {t.name!r} is not a graph input, which IR version "
-                                f"{model.ir_version} requires (IR version 4 dropped the rule)")
     return opsets
 
 
