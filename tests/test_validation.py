@@ -450,3 +450,14 @@ def test_gemm_shapes_are_checked(tmp_path, a, w, c, message):
                  [init("W", np.ones(w, np.float32)), init("c", np.ones(c, np.float32))])
     with pytest.raises(aotc.AotcError, match=re.escape(message)):
         compile_model(model, tmp_path, "g")
+
+
+@pytest.mark.parametrize(("node", "message"), [
+    (helper.make_node("Gemm", ["x", "x"], ["y"], name="g", transB=-(2**63)), "attribute transB -9223372036854775808"),
+    (helper.make_node("MaxPool", ["x4"], ["y"], name="p", kernel_shape=[2, 2], storage_order=2**31),
+     "attribute storage_order 2147483648 must be 0 or 1"),
+])
+def test_flag_attributes_are_zero_or_one(tmp_path, node, message):
+    model = make([node], [vi("x", [2, 2]), vi("x4", [1, 1, 4, 4])], [vi("y", None)])
+    with pytest.raises(aotc.AotcError, match=message):
+        compile_model(model, tmp_path, "f")

@@ -246,7 +246,21 @@ class _Checker:
         types.update(zip(node.output, made, strict=True))
         if node.op_type in WINDOW_OPS and node.domain in DEFAULT_DOMAINS:
             _check_window(node.op_type, attrs, label)
+        if node.domain in DEFAULT_DOMAINS:
+            _check_flags(node.op_type, attrs, label)
         _check_type_attributes(attrs, label)
+
+
+# Integer attributes that are flags: onnxruntime refuses other values (Gemm's shape inference, the pools'
+# PoolAttributes); aotc would read any nonzero value as 1.
+_FLAGS = {"Gemm": ("transA", "transB"), "MaxPool": ("storage_order", "ceil_mode"),
+          "AveragePool": ("ceil_mode", "count_include_pad"), "LpPool": ("ceil_mode",)}
+
+
+def _check_flags(op: str, attrs: dict[str, onnx.AttributeProto], label: str) -> None:
+    for name in _FLAGS.get(op, ()):
+        if name in attrs and attrs[name].i not in (0, 1):
+            raise AotcError(f"{label}: attribute {name} {attrs[name].i} must be 0 or 1")
 
 
 def _type_name(elem: int) -> str:
