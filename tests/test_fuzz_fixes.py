@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 from models import init, make, ort_run, vi
@@ -49,11 +47,9 @@ def test_both_references_failing_names_the_childs_crash(monkeypatch):
         run_reference(model, [np.zeros(2, np.float32)])
 
 
-def test_the_reference_child_costs_well_under_a_second():
+def test_the_reference_child_runs_onnxruntime():
     model = make([helper.make_node("Relu", ["in0"], ["out0"])], [vi("in0", [3])], [vi("out0", [3])])
-    t0 = time.perf_counter()
     (out,), name = run_reference(model, [np.array([-1, 0, 2], np.float32)])
-    assert time.perf_counter() - t0 < 2.0  # about 0.2 s alone; generous for a loaded CI machine
     assert name.startswith("onnxruntime")
     np.testing.assert_array_equal(out, [0, 0, 2])
 

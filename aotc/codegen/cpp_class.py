@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from aotc import __version__
 from aotc.codegen.library import Library, TensorInfo, env
-from aotc.codegen.names import _C_KEYWORDS, _fixed_macros, _library_pattern, c_string, comment, reserved
+from aotc.codegen.names import C_KEYWORDS, c_string, comment, fixed_macros, library_pattern, reserved
 from aotc.errors import RUN_ERRORS, AotcError
 from aotc.ir import dtypes
 from aotc.passes.memory import MAX_TASKS
@@ -46,7 +46,7 @@ def parse_cpp_class(text: str, model: str) -> tuple[list[str], str]:
             shown = part if part else "(empty)"
             raise AotcError(f"--cpp-class {text!r}: {shown!r} is not a C++ identifier: write ns1::ns2::Name, "
                             "each part a letter, then letters, digits or single '_'")
-        if part in _C_KEYWORDS:
+        if part in C_KEYWORDS:
             raise AotcError(f"--cpp-class {text!r}: {part!r} is a C or C++ keyword; choose another name")
         if reserved(part, model):
             raise AotcError(f"--cpp-class {text!r}: {part!r} is taken: a name of aotc (aotc_*), of the C "
@@ -99,7 +99,7 @@ def _is_macro(member: str, model: str) -> bool:
     """Whether a member name would be expanded or shadowed by a name of the C header: macros and the
     library's own identifiers (a model named "arg" has ``arg_run``). Type names such as ``*_t`` do not
     matter inside a class, so ``names.reserved`` would refuse more than it needs to."""
-    return member in _fixed_macros() or _library_pattern(model).fullmatch(member) is not None
+    return member in fixed_macros() or library_pattern(model).fullmatch(member) is not None
 
 
 def _method_names(tensors: list[TensorInfo], model: str) -> list[str | None]:

@@ -22,7 +22,7 @@ from functools import lru_cache
 from aotc.errors import AotcError
 from aotc.resources import runtime_dir, templates_dir
 
-_C_KEYWORDS = {
+C_KEYWORDS = {
     "auto", "break", "case", "char", "const", "continue", "default", "do", "double", "else", "enum",
     "extern", "float", "for", "goto", "if", "inline", "int", "long", "register", "restrict", "return",
     "short", "signed", "sizeof", "static", "struct", "switch", "typedef", "union", "unsigned", "void",
@@ -70,7 +70,7 @@ def _template_sources() -> tuple[str, ...]:
 
 
 @lru_cache(maxsize=1)
-def _fixed_macros() -> frozenset[str]:
+def fixed_macros() -> frozenset[str]:
     """The macros aotc's templates and runtime headers define whatever the model's name."""
     found = set()
     for text in _template_sources():
@@ -97,7 +97,7 @@ def _named_identifiers() -> tuple[str, ...]:
 
 
 @lru_cache(maxsize=8)
-def _library_pattern(model: str) -> re.Pattern[str]:
+def library_pattern(model: str) -> re.Pattern[str]:
     named = [r.replace("{N}", re.escape(model)).replace("{U}", re.escape(model.upper()))
              for r in _named_identifiers()]
     return re.compile("|".join(named) if named else "(?!)")
@@ -106,23 +106,23 @@ def _library_pattern(model: str) -> re.Pattern[str]:
 def reserved(name: str, model: str = "") -> bool:
     """Whether ``name`` is taken in generated C: a keyword, a macro or a type name of the headers the
     library's sources include, or an identifier of the library of model ``model`` itself."""
-    return (name in _C_KEYWORDS or name in _STD_NAMES or name in _fixed_macros()
+    return (name in C_KEYWORDS or name in _STD_NAMES or name in fixed_macros()
             or _STD_PATTERN.fullmatch(name) is not None
-            or (bool(model) and _library_pattern(model).fullmatch(name) is not None))
+            or (bool(model) and library_pattern(model).fullmatch(name) is not None))
 
 
 def check_model_name(name: str) -> str:
     """The library name becomes a C prefix and a file name: it must be a plain identifier, outside
     aotc's own namespace (its runtime headers are aotc_*.h, its macros AOTC_*)."""
-    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]{0,63}", name) or name in _C_KEYWORDS:
+    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]{0,63}", name) or name in C_KEYWORDS:
         raise AotcError(f"model name {name!r} must be a C identifier: a letter, then letters, digits "
                         "or '_' (at most 64 characters)")
     if name.lower().startswith("aotc_"):
         raise AotcError(f"model name {name!r} must not start with 'aotc_': aotc's runtime headers "
                         "(aotc_math.h, aotc_types.h, ...) use that prefix next to the library's files")
     guards = {f"AOTC_{name.upper()}_H", f"AOTC_{name.upper()}_INTERNAL_H"}
-    if guards & _fixed_macros():
-        raise AotcError(f"model name {name!r} would give the header guard {sorted(guards & _fixed_macros())[0]}, "
+    if guards & fixed_macros():
+        raise AotcError(f"model name {name!r} would give the header guard {sorted(guards & fixed_macros())[0]}, "
                         "which one of aotc's runtime headers uses; choose another name")
     return name
 

@@ -26,11 +26,10 @@ import numpy as np
 from aotc.errors import AotcError
 from aotc.ir import dtypes
 from aotc.ir.graph import Node, Value
-from aotc.ops.common import aligned_inputs, const_input, norm_axis, optional_input
+from aotc.ops.common import FLOAT_CTYPES, aligned_inputs, const_input, norm_axis, optional_input
 from aotc.ops.registry import OpDef, register
 
 COUNT_ATTR = "_count_output"  # set on a node whose last output is the count expose_counts added
-FLOAT_CTYPES = ("float", "double", "_Float16")
 
 
 def _err(node: Node, msg: str) -> AotcError:
