@@ -14,6 +14,7 @@ from aotc.errors import AotcError
 from aotc.ir.graph import Node
 
 if TYPE_CHECKING:
+    from aotc.isa import Isa
     from aotc.target import Target
 
 
@@ -291,6 +292,14 @@ class TilePlan:
     lanes: int
 
 
+def bcast_fma(vec: Isa, row: int, nv: int, scalar: str, name: str, vectors: str, indent: str) -> list[str]:
+    """One row of a register tile: broadcast the float at ``scalar`` into ``name`` and accumulate its
+    products with the vectors ``{vectors}0 .. {vectors}{nv-1}`` into ``a{row}_0 ..``."""
+    return [f"{indent}{{ const {vec.vtype} {name} = {vec.vbcast(scalar)};",
+            *(f"{indent}  a{row}_{j} = {vec.vfma(f'a{row}_{j}', name, f'{vectors}{j}')};" for j in range(nv)),
+            f"{indent}}}"]
+
+
 def bcast_tile_kernel(target: Target, fn: str, mb: int, nv: int, xstride: int, ystride: int, k: str,
                       inline: bool = True) -> str:
     """C function ``fn(x, w, init, y, nk)``: a register tile of MB rows (weights broadcast) x NV
@@ -309,9 +318,7 @@ def bcast_tile_kernel(target: Target, fn: str, mb: int, nv: int, xstride: int, y
            f"    const float *restrict wr = w + ci * {mb};"]
     mk += [f"    const {vt} x{j} = {vec.vload(f'xr + {j * L}')};" for j in range(nv)]
     for i in range(mb):
-        mk.append(f"    {{ const {vt} wb = {vec.vbcast(f'wr + {i}')};")
-        mk += [f"      a{i}_{j} = {vec.vfma(f'a{i}_{j}', 'wb', f'x{j}')};" for j in range(nv)]
-        mk.append("    }")
+        mk += bcast_fma(vec, i, nv, f"wr + {i}", "wb", "x", "    ")
     mk.append("  }")
     mk += [f"  {vec.vstore(f'y + {i * ystride + j * L}', f'a{i}_{j}')};" for i in range(mb) for j in range(nv)]
     mk.append("}")

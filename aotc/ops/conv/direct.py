@@ -12,6 +12,7 @@ from aotc.ops.conv.common import (
     Epilogue,
     Geometry,
     TilePlan,
+    bcast_fma,
     block_count,
     epi_block,
     lanes_of_8x8,
@@ -187,9 +188,7 @@ def tiled_conv(g: Geometry, x: str, packed: str, y: str, target: Target, epi: Ep
         mk.append("    {")
         mk += [f"      const {vec.vtype} w{j} = {vec.vload(f'{wv} + {j * L}')};" for j in range(nv)]
         for r in range(R):
-            mk.append(f"      {{ const {vec.vtype} xb = {vec.vbcast(f'x{r} + {xo}')};")
-            mk += [f"        a{r}_{j} = {vec.vfma(f'a{r}_{j}', 'xb', f'w{j}')};" for j in range(nv)]
-            mk.append("      }")
+            mk += bcast_fma(vec, r, nv, f"x{r} + {xo}", "xb", "w", "      ")
         mk.append("    }")
     if len(taps) > 16:
         mk.append("    }")

@@ -9,6 +9,7 @@ from aotc.ops.conv.common import (
     Epilogue,
     Geometry,
     TilePlan,
+    bcast_fma,
     block_count,
     epi_block,
     lanes_of_8x8,
@@ -125,9 +126,7 @@ def pointwise_conv(g: Geometry, x: str, packed: str, y: str, target: Target, epi
         if pin:
             mk.append('    __asm__("" : ' + ", ".join(f'"+x"(w{j})' for j in range(pin)) + ");")
         for r in range(r_):
-            mk.append(f"    {{ const {vt} xb = {vec.vbcast(f'xr + {r}')};")
-            mk += [f"      a{r}_{j} = {vec.vfma(f'a{r}_{j}', 'xb', f'w{j}')};" for j in range(nv)]
-            mk.append("    }")
+            mk += bcast_fma(vec, r, nv, f"xr + {r}", "xb", "w", "    ")
         mk.append("  }")
         mk += [f"  {vec.vstore(f'out + {r * cb + j * 8}', f'a{r}_{j}')};" for r in range(r_) for j in range(nv)]
         mk.append("}")
