@@ -132,13 +132,8 @@ MODELS = {
     "index_and_reduce": index_and_reduce,
     "rnns": rnns,
     "edge_cases": edge_cases,
-    # ops/conv.py (being made a package elsewhere) emits the pools and the conv paths; its warnings:
-    # GlobalAveragePool's unused 's', MaxPool's `i < 0` on a size_t, expand+depthwise's `a && b || c`.
-    "norms_and_pools": pytest.param(norms_and_pools, marks=pytest.mark.xfail(
-        strict=True, reason="ops/conv.py pools: unused variable 's' in GlobalAveragePool, size_t compared < 0")),
-    "cnn": pytest.param(small_cnn, marks=pytest.mark.xfail(
-        strict=True, reason="ops/conv.py: GlobalAveragePool's unused 's', MaxPool's size_t < 0, "
-                            "expand+depthwise's '&&' within '||' without parentheses")),
+    "norms_and_pools": norms_and_pools,
+    "cnn": small_cnn,
     "backend_sample": backend_sample,
 }
 

@@ -40,23 +40,24 @@ def _pool_separable(node: Node, g: Geometry, x: str, y: str, ctype: str) -> str:
     pb = g.pb[2]
     blen = _row_buffer(g)
     ident = lowest(ctype) if is_max else "0"
+    count_pad = include_pad and not is_max  # the divisor counts the window's rows in the padding
 
     def red(a: str, b: str) -> str:  # the max form compilers turn into vmaxps (NaN order aside)
         return f"{a} = {b} > {a} ? {b} : {a};" if is_max else f"{a} += {b};"
 
     lines = [f"const {ctype} *xc = {x} + t * {g.in_size};",
              f"{ctype} vb[{blen}];",
-             f"for (size_t i = 0; i < {pb}; i++) vb[i] = {ident};",
-             f"for (size_t i = {pb + IW}; i < {blen}; i++) vb[i] = {ident};",
+             *([f"for (size_t i = 0; i < {pb}; i++) vb[i] = {ident};"] if pb else []),
+             *([f"for (size_t i = {pb + IW}; i < {blen}; i++) vb[i] = {ident};"] if blen > pb + IW else []),
              f"for (size_t od = 0; od < {OD}; od++)",
              f"for (size_t oh = 0; oh < {OH}; oh++) {{",
              f"  const ptrdiff_t d0 = (ptrdiff_t)od * {g.s[0]} - {g.pb[0]}, h0 = (ptrdiff_t)oh * {g.s[1]} - {g.pb[1]};",
              f"  const {ctype} *rows[{g.k[0] * g.k[1]}];",
-             "  size_t nr = 0, nrp = 0;",
+             f"  size_t nr = 0{', nrp = 0' if count_pad else ''};",
              f"  for (ptrdiff_t kd = 0; kd < {g.k[0]}; kd++)",
              f"    for (ptrdiff_t kh = 0; kh < {g.k[1]}; kh++) {{",
              f"      const ptrdiff_t id = d0 + kd * {g.d[0]}, ih = h0 + kh * {g.d[1]};",
-             f"      nrp += id < {ID + g.pe[0]} && ih < {IH + g.pe[1]};",
+             *([f"      nrp += id < {ID + g.pe[0]} && ih < {IH + g.pe[1]};"] if count_pad else []),
              f"      if (id >= 0 && id < {ID} && ih >= 0 && ih < {IH}) rows[nr++] = xc + (id * {IH} + ih) * {IW};",
              "    }",
              f"  {ctype} *restrict yr = {y} + t * {g.out_size} + (od * {OH} + oh) * {OW};",
@@ -76,7 +77,7 @@ def _pool_separable(node: Node, g: Geometry, x: str, y: str, ctype: str) -> str:
             cols.append(sum(1 for kw in range(g.k[2]) if 0 <= start + kw * g.d[2] < lim)
                         if not include_pad else sum(1 for kw in range(g.k[2]) if start + kw * g.d[2] < lim))
         lines += [f"  static const {ctype} hc[{OW}] = {{{', '.join(str(c) for c in cols)}}};",
-                  f"  const {ctype} vc = ({ctype}){'nrp' if include_pad else 'nr'};"]
+                  f"  const {ctype} vc = ({ctype}){'nrp' if count_pad else 'nr'};"]
     lines += [f"  for (size_t ow = 0; ow < {OW}; ow++) {{",
               f"    const {ctype} *restrict w = vb + ow * {g.s[2]};",
               f"    {ctype} v = w[0];"]
@@ -110,7 +111,6 @@ def pool_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
              f"  const ptrdiff_t d0 = (ptrdiff_t)od * {g.s[0]} - {g.pb[0]}, h0 = (ptrdiff_t)oh * {g.s[1]} - {g.pb[1]};",
              f"  {ctype} *restrict yr = {y} + t * {g.out_size} + (od * {OH} + oh) * {OW};",
              f"  for (size_t ow = 0; ow < {OW}; ow++) {{",
-             f"  const size_t s = (od * {OH} + oh) * {OW} + ow;",
              f"  const ptrdiff_t w0 = (ptrdiff_t)ow * {g.s[2]} - {g.pb[2]};",
              f"  {ctype} acc = {lowest(ctype) if is_max else '0'};",
              "  size_t cnt = 0, arg = 0; (void)arg; (void)cnt;"]
@@ -153,7 +153,8 @@ def pool_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
         if node.attr("storage_order", 0):
             lines.append(f"  const size_t ad = arg / {IH * IW}, ah = arg / {IW} % {IH}, aw = arg % {IW};")
             lines.append(f"  arg = (aw * {IH} + ah) * {ID} + ad;")
-        lines.append(f"  {outs[1]}[t * {g.out_size} + s] = (int64_t)(t * {g.in_size} + arg);")
+        lines.append(f"  {outs[1]}[t * {g.out_size} + (od * {OH} + oh) * {OW} + ow] = "
+                     f"(int64_t)(t * {g.in_size} + arg);")
     lines.append("  }")
     lines.append("}")
     return task_loop(g.n * g.c, "\n".join("  " + ln for ln in lines))

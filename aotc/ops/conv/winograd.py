@@ -190,7 +190,7 @@ def _vector_loop(tw: int, lanes: int, body: list[str]) -> list[str]:
     moved back to overlap the one before (values computed twice are the same), or one vector past a
     row narrower than a vector (whose extra lanes the next row or the slack after the last one
     absorbs)."""
-    inner = ["  #pragma GCC ivdep", f"  for (size_t k = 0; k < {lanes}; k++) {{", "    const size_t j = j0 + k;",
+    inner = ["  AOTC_IVDEP", f"  for (size_t k = 0; k < {lanes}; k++) {{", "    const size_t j = j0 + k;",
              *("    " + ln for ln in body), "  }"]
     if tw < lanes:
         return ["{", "  const size_t j0 = 0;", *inner, "}"]
