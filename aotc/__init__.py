@@ -11,6 +11,7 @@ from aotc.errors import (  # noqa: E402
     RunError,
     WorkspaceError,
 )
+from aotc.jit import JitModel, jit  # noqa: E402
 
-__all__ = ["AotcError", "CompiledModel", "IndexOutOfRangeError", "NullArgumentError", "RunError", "WorkspaceError",
-           "compile", "load", "__version__"]
+__all__ = ["AotcError", "CompiledModel", "IndexOutOfRangeError", "JitModel", "NullArgumentError", "RunError",
+           "WorkspaceError", "compile", "jit", "load", "__version__"]
