@@ -44,6 +44,9 @@ class TensorSpec:
     # A data-dependent output: the axis whose extent varies, and the output that holds it.
     bounded_axis: int | None = None
     count: str | None = None
+    # An input the run updates in place (a variable the model assigns): ``run`` writes its new value
+    # into the caller's array.
+    updated: bool = False
 
 
 def _spec(t: dict) -> TensorSpec:
@@ -89,7 +92,8 @@ class CompiledModel:
         except (OSError, ValueError) as e:
             raise AotcError(f"no compiled model at {prefix} ({e})") from None
         self.name: str = self.metadata["name"]
-        self.inputs = [TensorSpec(t["name"], dtypes.from_name(t["dtype"]), tuple(t["shape"]))
+        self.inputs = [TensorSpec(t["name"], dtypes.from_name(t["dtype"]), tuple(t["shape"]),
+                                  updated=bool(t.get("updated")))
                        for t in self.metadata["inputs"]]
         self.raw_outputs = [_spec(t) for t in self.metadata["outputs"]]
         self.outputs = [t for t, m in zip(self.raw_outputs, self.metadata["outputs"], strict=True)
@@ -156,12 +160,19 @@ class CompiledModel:
             if isinstance(x, np.ndarray):
                 if x.dtype != t.dtype:
                     raise TypeError(f"{self.name}: input {t.name!r} must be {t.dtype}, got {x.dtype}")
+            elif t.updated:
+                raise TypeError(f"{self.name}: input {t.name!r} is updated in place: pass a numpy array")
             else:
                 x = np.asarray(x, dtype=t.dtype)
             if x.shape != t.shape:
                 raise ValueError(f"{self.name}: input {t.name!r} must have shape {list(t.shape)}, "
                                  f"got {list(x.shape)}")
+            if t.updated and not (x.flags.c_contiguous and x.flags.writeable):
+                raise ValueError(f"{self.name}: input {t.name!r} is updated in place: it must be a writable "
+                                 "C-contiguous array")
             arrays.append(np.ascontiguousarray(x))
+        if any(t.updated for t in self.inputs):
+            _refuse_overlap(self.name, self.inputs, arrays)
         return arrays
 
     def _ptr(self, a: np.ndarray):
@@ -252,6 +263,21 @@ class CompiledModel:
 
     def __call__(self, **feeds: object) -> list[np.ndarray]:
         return self.run(feeds)
+
+
+def _refuse_overlap(model: str, specs: list[TensorSpec], arrays: list[np.ndarray]) -> None:
+    """An array updated in place must share no memory with another argument: the run would read
+    values it has already overwritten."""
+    for i, (t, a) in enumerate(zip(specs, arrays, strict=True)):
+        if t.updated:
+            for u, b in zip(specs[i + 1:], arrays[i + 1:], strict=True):
+                if np.shares_memory(a, b):
+                    raise ValueError(f"{model}: input {t.name!r} is updated in place and shares memory "
+                                     f"with input {u.name!r}")
+            for u, b in zip(specs[:i], arrays[:i], strict=True):
+                if not u.updated and np.shares_memory(a, b):
+                    raise ValueError(f"{model}: input {t.name!r} is updated in place and shares memory "
+                                     f"with input {u.name!r}")
 
 
 class _StringPointers(np.ndarray):

@@ -44,12 +44,15 @@ class KernelSource:
     status: bool = False            # takes the run's status word (last argument) and may set it
 
 
-def _declare(args: list[tuple[Value, str]], names: list[str], scratch: bool, status: bool = False) -> str:
+def _declare(args: list[tuple[Value, str]], names: list[str], scratch: bool, status: bool = False,
+             inplace: Value | None = None) -> str:
     lines = []
     for i, ((v, role), name) in enumerate(zip(args, names, strict=True)):
         t = dtypes.c_type(v.dtype)
         const = "const " if role == "in" else ""
-        lines.append(f"  {const}{t} *restrict {name} = ({const}{t} *)args[{i}];")
+        # An in-place update reads and writes one buffer through two pointers: neither is restrict.
+        shared = inplace is not None and (role == "out" or v is inplace)
+        lines.append(f"  {const}{t} *{'' if shared else 'restrict '}{name} = ({const}{t} *)args[{i}];")
     if scratch:
         lines.append(f"  float *restrict scratch = (float *)args[{len(args)}];")
     else:
@@ -70,7 +73,7 @@ def _function(fn: str, k: Kernel, args: list[tuple[Value, str]], names: list[str
     status = any(re.search(r"\baotc_status\b", b) for b in bodies.values())
     code = f"{helpers}/* {k.name}: {' + '.join(k.ops)} */\n" + "".join(
         f"void {name}(void *const *args, size_t task, size_t ntasks) {{\n"
-        f"{_declare(args, names, scratch, status)}\n"
+        f"{_declare(args, names, scratch, status, k.inplace)}\n"
         + f"  (void)task; (void)ntasks;{unused}\n"
         + "  " + b.replace("\n", "\n  ") + "\n}\n" for name, b in bodies.items())
     return KernelSource(fn, code, args, scratch, finish=None if finish is None else f"{fn}_finish", status=status)

@@ -55,6 +55,8 @@ class TensorInfo:
     count: int | None = None
     # A count output: the positions of the outputs whose valid extent it holds.
     count_for: list[int] = field(default_factory=list)
+    # An input the run updates in place (Graph.add_update): a non-const pointer in the C API.
+    updated: bool = False
 
     @property
     def size(self) -> int:
@@ -131,11 +133,12 @@ def generate(graph: Graph, name: str, input_names: list[str], output_names: list
     lib = Library(name)
     mangle = Mangler(name)
     mangle.used.update({"workspace", "inputs", "outputs", "in", "out", "ws", "i"})
+    fetches = graph.num_fetches  # the outputs after these are the updated inputs' new values
     for names, values, dest in ((input_names, graph.inputs, lib.inputs),
-                                (output_names, graph.outputs, lib.outputs)):
+                                (output_names[:fetches], graph.outputs[:fetches], lib.outputs)):
         for n, v in zip(names, values, strict=True):
             dest.append(TensorInfo(n, mangle(n), dtypes.dtype_name(v.dtype), dtypes.c_type(v.dtype),
-                                   list(v.shape)))
+                                   list(v.shape), updated=any(v is u for u in graph.updates)))
     for pos, (axis, count) in sorted((bounded or {}).items()):
         t = lib.outputs[pos]
         t.bound_axis, t.count = axis % len(t.shape), count
@@ -145,7 +148,10 @@ def generate(graph: Graph, name: str, input_names: list[str], output_names: list
     lib.scratch_per_thread = plan.scratch_per_task
     blob = _Blob()
     in_index = {id(v): i for i, v in enumerate(graph.inputs)}
-    out_index = {id(storage_root(v)): i for i, v in enumerate(graph.outputs)}
+    out_index = {id(storage_root(v)): i for i, v in enumerate(graph.outputs[:graph.num_fetches])}
+    for k in graph.kernels:  # an in-place update writes its input's buffer
+        if k.inplace is not None:
+            in_index[id(k.outputs[0])] = in_index[id(k.inplace)]
 
     def pointer(v: Value) -> str:
         root = storage_root(v)
@@ -226,7 +232,8 @@ def metadata(lib: Library, graph: Graph, extra: dict) -> str:
     data = {
         "name": lib.name,
         "aotc_version": __version__,
-        "inputs": [{"name": t.name, "dtype": t.dtype, "shape": t.shape} for t in lib.inputs],
+        "inputs": [{"name": t.name, "dtype": t.dtype, "shape": t.shape, **({"updated": True} if t.updated else {})}
+                   for t in lib.inputs],
         "outputs": [_output_metadata(lib, t) for t in lib.outputs],
         "workspace_bytes": lib.workspace_bytes,
         "scratch_per_thread_bytes": lib.scratch_per_thread,

@@ -72,6 +72,9 @@ class Graph:
         self.kernels: list[Any] = []
         # Set by the memory planner (aotc.passes.memory.MemoryPlan).
         self.memory: Any = None
+        # Inputs updated in place (XLA's input/output aliasing): the last len(updates) outputs are
+        # their new values, in this order. See add_update.
+        self.updates: list[Value] = []
 
     # -- construction -----------------------------------------------------------------------
     def add_node(self, op: str, inputs: list[Value | None], n_outputs: int = 1,
@@ -83,6 +86,28 @@ class Graph:
             v.producer = node
         self.nodes.append(node)
         return node
+
+    def add_update(self, target: Value, value: Value) -> None:
+        """Make the run write ``value`` into input ``target``'s buffer (an in-place argument: a TF
+        variable, a training step's parameter). Every read of ``target`` in the graph sees its value
+        from before the run; ``value`` becomes a trailing output, which the passes keep alive as any
+        output, and which the code generator stores into ``target``'s buffer once nothing reads the
+        old value any more (passes/fuse.py), instead of giving the run an output argument for it."""
+        assert any(target is v for v in self.inputs), f"{target.name!r} is not an input"
+        assert not any(target is v for v in self.updates), f"{target.name!r} is updated twice"
+        assert value.shape == target.shape and value.dtype == target.dtype, \
+            f"update of {target.name!r}: {value.type_str()} for {target.type_str()}"
+        self.updates.append(target)
+        self.outputs.append(value)
+
+    @property
+    def num_fetches(self) -> int:
+        """How many outputs are the run's own (the rest are the new values of ``updates``)."""
+        return len(self.outputs) - len(self.updates)
+
+    def update_pairs(self) -> list[tuple[Value, int]]:
+        """(updated input, position of its new value in ``outputs``), in ``updates`` order."""
+        return [(v, self.num_fetches + k) for k, v in enumerate(self.updates)]
 
     @staticmethod
     def constant(array: np.ndarray, name: str = "const") -> Value:
@@ -150,6 +175,8 @@ class Graph:
                 defined.add(id(v))
         for v in self.outputs:
             assert v.is_const or id(v) in defined, f"output {v.name!r} is not defined"
+        for v, pos in self.update_pairs():
+            assert any(v is x for x in self.inputs) and pos >= 0, f"update of {v.name!r}: not an input"
 
     def to_text(self, elide: int | None = 16) -> str:
         """The graph as text (aotc/ir/text.py), for dumps, bug reports and pass tests; constants of

@@ -18,6 +18,10 @@ class Kernel:
     conv: Node | None = None       # conv kernels: the Conv
     expand: Node | None = None     # conv kernels: a 1x1 Conv computed inside, feeding ``conv``
     index: int = 0
+    # The input whose buffer this kernel overwrites (an in-place update, Graph.add_update): its output
+    # and that input share memory, each element read before it is written (passes/fuse.py).
+    inplace: Value | None = None
+    plan: KernelPlan | None = None  # set by the schedule step
 
     @property
     def outputs(self) -> list[Value]:

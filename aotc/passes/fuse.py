@@ -36,7 +36,7 @@ def storage_root(v: Value) -> Value:
 def _insert_output_copies(graph: Graph) -> None:
     """Give every graph output a buffer of its own that a kernel writes."""
     seen: set[int] = set()
-    for i, v in enumerate(graph.outputs):
+    for i, v in enumerate(graph.outputs[:graph.num_fetches]):
         root = storage_root(v)
         if root.is_const or root.producer is None or id(root) in seen:
             copy = graph.add_node("Copy", [v], 1, {}, f"copy_output_{i}", out_names=[v.name])
@@ -46,10 +46,44 @@ def _insert_output_copies(graph: Graph) -> None:
         seen.add(id(root))
 
 
+def _insert_update_writes(graph: Graph) -> dict[int, Value]:
+    """Each in-place update (Graph.add_update) becomes a Copy node at the end of the graph whose output
+    is the updated input's buffer: its kernel comes after every kernel that reads an old value. A new
+    value held by another updated input is copied out first, before any of them is overwritten.
+    Returns id(Copy node) -> the input it overwrites."""
+    updated = {id(v) for v in graph.updates}
+    writes: dict[int, Value] = {}
+    pairs = []
+    for target, pos in graph.update_pairs():
+        v = graph.outputs[pos]
+        root = storage_root(v)
+        if root is target:  # unchanged: nothing to write
+            continue
+        if id(root) in updated:
+            v = graph.add_node("Copy", [v], 1, {}, f"save_{pos}", out_names=[v.name]).outputs[0]
+            v.shape, v.dtype = target.shape, target.dtype
+        pairs.append((target, pos, v))
+    for target, pos, v in pairs:
+        copy = graph.add_node("Copy", [v], 1, {}, f"update_{pos}", out_names=[v.name])
+        copy.outputs[0].shape, copy.outputs[0].dtype = target.shape, target.dtype
+        graph.outputs[pos] = copy.outputs[0]
+        writes[id(copy)] = target
+    return writes
+
+
+def _fits_update(p: Node, target: Value, updated: set[int]) -> bool:
+    """Whether ``p`` may join the kernel that overwrites ``target``: an elementwise op that reads no
+    updated input but ``target`` itself, whole, so each element is read just before it is written."""
+    return OPS[p.op].kind == "elementwise" and all(
+        x is None or x is target or id(storage_root(x)) not in updated for x in p.inputs)
+
+
 def fuse(graph: Graph, target: Target) -> bool:
     """Group ``graph``'s nodes into kernels (``graph.kernels``); ``target`` decides what its kernels can
     hold (an expanding 1x1 conv's input must fit its L2)."""
     _insert_output_copies(graph)
+    writes = _insert_update_writes(graph)
+    updated = {id(v) for v in graph.updates}
     users = graph.consumers()
     fetched = {id(v) for v in graph.outputs}
     owner: dict[int, Kernel] = {}
@@ -67,8 +101,9 @@ def fuse(graph: Graph, target: Target) -> bool:
         else:
             k = Kernel("op", node, [node])
         owner[id(node)] = k
+        k.inplace = writes.get(id(node))
         if k.kind == "loop":
-            _grow(k, users, fetched, owner, target)
+            _grow(k, users, fetched, owner, target, updated=updated)
         elif OPS[node.op].can_take_prologue is not None:
             _grow_prologue(k, users, fetched, owner, target)
         kernels.append(k)
@@ -135,8 +170,9 @@ def _grow_prologue(k: Kernel, users: dict[int, list[Node]], fetched: set[int],
 
 
 def _grow(k: Kernel, users: dict[int, list[Node]], fetched: set[int], owner: dict[int, Kernel],
-          target: Target, start: list[Node] | None = None) -> None:
-    """Add to ``k`` the producers of ``start`` (default: all of k's nodes) that may fuse into it."""
+          target: Target, start: list[Node] | None = None, updated: set[int] | None = None) -> None:
+    """Add to ``k`` the producers of ``start`` (default: all of k's nodes) that may fuse into it
+    (into an in-place update, only what ``_fits_update``; ``updated``: ids of the updated inputs)."""
     out = k.root.outputs[0]
     work = list(k.nodes if start is None else start)
     while work:
@@ -146,6 +182,8 @@ def _grow(k: Kernel, users: dict[int, list[Node]], fetched: set[int], owner: dic
             if v is None or p is None or v.is_const or id(p) in owner or id(v) in fetched:
                 continue
             if len(p.outputs) != 1 or any(id(u) not in {id(x) for x in k.nodes} for u in users[id(v)]):
+                continue
+            if k.inplace is not None and not _fits_update(p, k.inplace, updated or set()):
                 continue
             op = OPS[p.op]
             ok = op.kind in ("elementwise", "view")
