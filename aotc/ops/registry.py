@@ -66,6 +66,9 @@ class OpDef:
     can_take_prologue: Callable[[Node, Node, Target], bool] | None = None
     # ``conv`` ops: the weights packed at compile time into the kernel's layout, or None.
     pack: Callable[[Node, Target], np.ndarray | None] | None = None
+    # Reverse-mode rule (aotc/ops/grads/): (builder, node, output cotangents, inputs needing one) ->
+    # one cotangent Value (or None) per input, built from ordinary nodes by the builder.
+    grad: Callable[..., list[Value | None]] | None = None
 
 
 OPS: dict[str, OpDef] = {}

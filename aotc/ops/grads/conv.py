@@ -1,0 +1,113 @@
+"""Gradients of Conv as matrix products, so that they run on the GEMM kernel whatever the weights are.
+
+With the input unfolded into columns, cols[g, (n, o), (c, k)] = x[n, g * Cg + c, o * s + k * d - p]
+(``aotc.Im2Col``; zeros in the padding), the weights as W[g, m, (c, k)] and the cotangent as
+G[g, m, (n, o)], per group g:
+
+    dW = G @ cols           dCols = G^T @ W, folded back onto the input by ``aotc.Col2Im``
+    dB = the sum of G over batch and positions
+
+Groups are the batch of the products; a depthwise conv is a batch of one-row products.
+"""
+
+from __future__ import annotations
+
+from aotc.ir.graph import Node, Value
+from aotc.ops.conv.common import Geometry
+from aotc.ops.grads.builder import GradBuilder, rule
+from aotc.ops.grads.pool import forward_attrs, forward_geometry
+from aotc.ops.registry import OpDef, register
+
+Grads = list[Value | None]
+
+
+def _geometry(node: Node) -> Geometry:
+    return forward_geometry("Conv", forward_attrs(node), node.attrs["x_shape"], node.attrs["w_shape"])
+
+
+def _cols_shape(g: Geometry) -> tuple[int, int, int]:
+    return g.group, g.n * g.out_size, g.c // g.group * g.taps
+
+
+def _tap_loops(g: Geometry, body: list[str]) -> list[str]:
+    """Loops over input channel c (of the group) and taps (kd, kh, kw) of output (od, oh, ow); ``j``
+    is the column, ``inside`` whether the tap reads the input, ``i`` its offset in the input plane."""
+    lines = [f"for (size_t c = 0; c < {g.c // g.group}; c++)",
+             f"for (size_t kd = 0; kd < {g.k[0]}; kd++)", f"for (size_t kh = 0; kh < {g.k[1]}; kh++)",
+             f"for (size_t kw = 0; kw < {g.k[2]}; kw++) {{",
+             f"  const size_t j = ((c * {g.k[0]} + kd) * {g.k[1]} + kh) * {g.k[2]} + kw;"]
+    for ax, (o, k, p) in enumerate((("od", "kd", "id"), ("oh", "kh", "ih"), ("ow", "kw", "iw"))):
+        lines.append(f"  const ptrdiff_t {p} = (ptrdiff_t)({o} * {g.s[ax]} + {k} * {g.d[ax]}) - {g.pb[ax]};")
+    lines += [f"  const int inside = id >= 0 && id < {g.inp[0]} && ih >= 0 && ih < {g.inp[1]} && iw >= 0 && "
+              f"iw < {g.inp[2]};",
+              f"  const size_t i = inside ? ((size_t)id * {g.inp[1]} + (size_t)ih) * {g.inp[2]} + (size_t)iw : 0;",
+              *(f"  {line}" for line in body), "}"]
+    return lines
+
+
+def _rows(g: Geometry) -> list[str]:
+    """Row r of the columns, (group, n, od, oh, ow), split from the flat row index."""
+    return [f"const size_t grp = r / {g.n * g.out_size}, n = r / {g.out_size} % {g.n}, o = r % {g.out_size};",
+            f"const size_t od = o / {g.out[1] * g.out[2]}, oh = o / {g.out[2]} % {g.out[1]}, ow = o % {g.out[2]};",
+            f"const size_t plane = n * {g.c} + grp * {g.c // g.group};"]
+
+
+def _im2col_infer(node: Node):
+    return [(_cols_shape(_geometry(node)), node.inputs[0].dtype)]
+
+
+def _im2col_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
+    g = _geometry(node)
+    width = _cols_shape(g)[2]
+    return "\n".join([f"for (size_t r = task; r < {g.group * g.n * g.out_size}; r += ntasks) {{",
+                      *_rows(g), f"{ctype} *row = {outs[0]} + r * {width};",
+                      *_tap_loops(g, [f"row[j] = inside ? {ins[0]}[(plane + c) * {g.in_size} + i] : 0;"]), "}"])
+
+
+def _col2im_infer(node: Node):
+    return [(tuple(node.attrs["x_shape"]), node.inputs[0].dtype)]
+
+
+def _col2im_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
+    """Each task owns whole (group, n) blocks of input planes, so no two add into one element."""
+    g = _geometry(node)
+    width = _cols_shape(g)[2]
+    cg = g.c // g.group
+    return "\n".join([f"for (size_t blk = task; blk < {g.group * g.n}; blk += ntasks) {{",
+                      f"const size_t grp = blk / {g.n}, n = blk % {g.n}, plane = n * {g.c} + grp * {cg};",
+                      f"for (size_t i = 0; i < {cg * g.in_size}; i++) {outs[0]}[plane * {g.in_size} + i] = 0;",
+                      f"for (size_t o = 0; o < {g.out_size}; o++) {{",
+                      f"const size_t od = o / {g.out[1] * g.out[2]}, oh = o / {g.out[2]} % {g.out[1]}, "
+                      f"ow = o % {g.out[2]};",
+                      f"const {ctype} *row = {ins[0]} + (blk * {g.out_size} + o) * {width};",
+                      *_tap_loops(g, [f"if (inside) {outs[0]}[(plane + c) * {g.in_size} + i] += row[j];"]),
+                      "}", "}"])
+
+
+register(OpDef("aotc.Im2Col", "kernel", _im2col_infer, emit=_im2col_emit))
+register(OpDef("aotc.Col2Im", "kernel", _col2im_infer, emit=_col2im_emit))
+
+
+@rule("Conv")
+def _conv(b: GradBuilder, node: Node, dys: Grads, needs: list[bool]) -> Grads:
+    x, w, gy = node.inputs[0], node.inputs[1], dys[0]
+    assert x is not None and w is not None and gy is not None
+    attrs = {**forward_attrs(node), "x_shape": list(x.shape), "w_shape": list(w.shape)}
+    geo = forward_geometry("Conv", forward_attrs(node), list(x.shape), list(w.shape))
+    grp, n, mg = geo.group, geo.n, geo.m // geo.group
+    rows = n * geo.out_size
+    # G as [group, n, m, o]: the cotangent's channels split by group.
+    g4 = b.reshape(gy, (n, grp, mg, geo.out_size))
+    gx = gw = gb = None
+    if needs[1]:
+        cols = b.op("aotc.Im2Col", x, **attrs)
+        gm = b.reshape(b.transpose(g4, [1, 2, 0, 3]), (grp, mg, rows))
+        gw = b.reshape(b.op("MatMul", gm, cols), w.shape)
+    if needs[0]:
+        gt = b.reshape(b.transpose(g4, [1, 0, 3, 2]), (grp, rows, mg))
+        wm = b.reshape(w, (grp, mg, w.size // geo.m))
+        gx = b.op("aotc.Col2Im", b.op("MatMul", gt, wm), **attrs)
+    if len(needs) > 2 and needs[2]:
+        gb = b.reduce_sum(gy, [0, *range(2, len(gy.shape))], keepdims=False)
+    return [gx, gw, gb]
+

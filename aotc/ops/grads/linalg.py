@@ -1,0 +1,69 @@
+"""Gradients of MatMul and Gemm, as matrix products of the cotangent with the other operand."""
+
+from __future__ import annotations
+
+from aotc.ir.graph import Node, Value
+from aotc.ops.grads.builder import GradBuilder, rule
+
+Grads = list[Value | None]
+
+
+def _rows(b: GradBuilder, v: Value) -> Value:
+    """``v``'s batch of matrices stacked into one: [..., M, K] -> [prod(...) * M, K]."""
+    return b.reshape(v, (v.size // v.shape[-1], v.shape[-1]))
+
+
+@rule("MatMul")
+def _matmul(b: GradBuilder, node: Node, dys: Grads, needs: list[bool]) -> Grads:
+    g, (x, w) = dys[0], node.inputs
+    assert g is not None and x is not None and w is not None
+    # 1-D operands are matrices of one row (A) or one column (B), as numpy.matmul promotes them.
+    a = b.reshape(x, (1, *x.shape)) if len(x.shape) == 1 else x
+    m = b.reshape(w, (*w.shape, 1)) if len(w.shape) == 1 else w
+    batch = max(len(a.shape), len(m.shape)) - 2
+    full = (*g.shape[:batch], a.shape[-2], m.shape[-1])
+    g2 = b.reshape(g, full)
+    ga = gw = None
+    if needs[0]:
+        if len(a.shape) == 2 and m.shape[:-2] == full[:-2] and batch:  # A shared by the batch: one product
+            ga = b.op("MatMul", _rows_t(b, g2), _rows(b, b.swap_last(m)))
+        else:
+            ga = b.sum_to(b.op("MatMul", g2, b.swap_last(m)), a.shape)
+        ga = b.reshape(ga, x.shape)
+    if needs[1]:
+        if len(m.shape) == 2 and a.shape[:-2] == full[:-2] and batch:  # B shared (a Linear on a sequence)
+            gw = b.op("MatMul", b.swap_last(_rows(b, a)), _rows(b, g2))
+        else:
+            gw = b.sum_to(b.op("MatMul", b.swap_last(a), g2), m.shape)
+        gw = b.reshape(gw, w.shape)
+    return [ga, gw]
+
+
+def _rows_t(b: GradBuilder, v: Value) -> Value:
+    """The batch of [M, N] matrices of ``v`` laid side by side: [..., M, N] -> [M, prod(...) * N]."""
+    r = len(v.shape)
+    t = b.transpose(v, [r - 2, *range(r - 2), r - 1])
+    return b.reshape(t, (v.shape[-2], v.size // v.shape[-2]))
+
+
+@rule("Gemm")
+def _gemm(b: GradBuilder, node: Node, dys: Grads, needs: list[bool]) -> Grads:
+    """Y = alpha A' B' + beta C with A' = A or its transpose (transA), B' likewise."""
+    g, x, w = dys[0], node.inputs[0], node.inputs[1]
+    assert g is not None and x is not None and w is not None
+    ta, tb = bool(node.attr("transA", 0)), bool(node.attr("transB", 0))
+    alpha, beta = float(node.attr("alpha", 1.0)), float(node.attr("beta", 1.0))
+    ga = gw = gc = None
+    if needs[0]:  # dA' = g B'^T; dA = dA'^T = B' g^T under transA
+        ga = b.op("MatMul", b.transpose(w, [1, 0]) if tb else w, b.transpose(g, [1, 0])) if ta else \
+            b.op("MatMul", g, w if tb else b.transpose(w, [1, 0]))
+        ga = b.scale(ga, alpha)
+    if needs[1]:  # dB' = A'^T g; dB = g^T A' under transB
+        gw = b.op("MatMul", b.transpose(g, [1, 0]), b.transpose(x, [1, 0]) if ta else x) if tb else \
+            b.op("MatMul", x if ta else b.transpose(x, [1, 0]), g)
+        gw = b.scale(gw, alpha)
+    if len(needs) > 2 and needs[2]:
+        c = node.inputs[2]
+        assert c is not None
+        gc = b.sum_to(b.scale(g, beta), c.shape)
+    return [ga, gw, gc]

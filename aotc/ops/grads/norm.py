@@ -1,0 +1,109 @@
+"""Gradients of BatchNormalization and LayerNormalization.
+
+Training-mode BatchNorm (batch statistics) has its own kernel, ``aotc.BatchNormalizationGrad``: one
+task per channel recomputes the channel's mean and variance in double, as the forward kernel does, and
+writes dX, dScale and dBias. Inference-mode BatchNorm and LayerNorm are built from ordinary nodes;
+LayerNorm reads the mean and inverse deviation its forward kernel writes (outputs added when absent).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from aotc.ir import dtypes
+from aotc.ir.graph import Node, Value
+from aotc.ops.grads.builder import GradBuilder, rule
+from aotc.ops.nn import bn_training
+from aotc.ops.norm import ln_axis
+from aotc.ops.registry import OpDef, register
+
+Grads = list[Value | None]
+
+
+def _bn_grad_infer(node: Node):
+    x, s = node.inputs[0], node.inputs[1]
+    assert x is not None and s is not None
+    return [(x.shape, x.dtype), (s.shape, s.dtype), (s.shape, s.dtype)]
+
+
+def _bn_grad_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
+    """With xh = (x - m) / sqrt(v + eps) over the channel's N * HW elements:
+    dBias = sum g, dScale = sum g xh, dX = scale / sqrt(v + eps) (g - dBias / NHW - xh dScale / NHW)."""
+    x = node.inputs[0]
+    assert x is not None
+    n, c = x.shape[0], x.shape[1]
+    inner = int(np.prod(x.shape[2:]))
+    cnt = n * inner
+    eps = float(node.attr("epsilon", 1e-5))
+    st = dtypes.c_type(node.inputs[1].dtype)
+    xs, sc, g = ins
+    each = (f"  for (size_t b = 0; b < {n}; b++) for (size_t k = 0; k < {inner}; k++) {{\n"
+            f"    const size_t i = (b * {c} + ch) * {inner} + k;\n")
+    return (f"for (size_t ch = task; ch < {c}; ch += ntasks) {{\n"
+            f"  double s = 0, ss = 0, sg = 0, sgx = 0;\n"
+            f"{each}    s += {xs}[i];\n  }}\n"
+            f"  const double m = s / {cnt};\n"
+            f"{each}    const double d = {xs}[i] - m; ss += d * d;\n  }}\n"
+            f"  const double inv = 1 / sqrt(ss / {cnt} + {eps!r});\n"
+            f"{each}    sg += {g}[i]; sgx += {g}[i] * ({xs}[i] - m) * inv;\n  }}\n"
+            f"  const double k1 = {sc}[ch] * inv, mg = sg / {cnt}, mgx = sgx / {cnt};\n"
+            f"{each}    {outs[0]}[i] = ({ctype})(k1 * ({g}[i] - mg - ({xs}[i] - m) * inv * mgx));\n  }}\n"
+            f"  {outs[1]}[ch] = ({st})sgx;\n"
+            f"  {outs[2]}[ch] = ({st})sg;\n}}")
+
+
+register(OpDef("aotc.BatchNormalizationGrad", "kernel", _bn_grad_infer, emit=_bn_grad_emit))
+
+
+@rule("BatchNormalization")
+def _batchnorm(b: GradBuilder, node: Node, dys: Grads, needs: list[bool]) -> Grads:
+    """Only Y carries a cotangent: the running statistics (outputs 1 and 2) are state, not results."""
+    x, scale, g = node.inputs[0], node.inputs[1], dys[0]
+    assert x is not None and scale is not None
+    if g is None:
+        return []
+    if bn_training(node):
+        dx, ds, db = b.ops("aotc.BatchNormalizationGrad", [x, scale, g], 3, epsilon=node.attr("epsilon", 1e-5))
+        return [dx, ds, db, None, None]
+    # Inference mode: y = (x - mean) inv scale + bias with inv = 1 / sqrt(var + eps), per channel.
+    mean, var = node.inputs[3], node.inputs[4]
+    assert mean is not None and var is not None
+    per_channel = (x.shape[1], *[1] * (len(x.shape) - 2))
+    inv = b.reshape(b.op("Reciprocal", b.op("Sqrt", b.add(var, b.scalar(float(node.attr("epsilon", 1e-5)), var)))),
+                    per_channel)
+    axes = [0, *range(2, len(x.shape))]
+    xhat = b.mul(b.sub(x, b.reshape(mean, per_channel)), inv) if needs[1] else None
+    dx = b.mul(g, b.mul(b.reshape(scale, per_channel), inv)) if needs[0] else None
+    ds = b.reshape(b.reduce_sum(b.mul(g, xhat), axes), scale.shape) if needs[1] and xhat is not None else None
+    db = b.reshape(b.reduce_sum(g, axes), scale.shape) if needs[2] else None
+    return [dx, ds, db, None, None]
+
+
+@rule("LayerNormalization")
+def _layernorm(b: GradBuilder, node: Node, dys: Grads, needs: list[bool]) -> Grads:
+    """dx = inv (gs - mean(gs) - xh mean(gs xh)) with gs = g scale and xh = (x - mean) inv over the row."""
+    x, scale, g = node.inputs[0], node.inputs[1], dys[0]
+    assert x is not None and scale is not None
+    if g is None:
+        return []
+    bias = node.inputs[2] if len(node.inputs) > 2 else None
+    axis = ln_axis(node)
+    rank = len(x.shape)
+    row_axes = list(range(axis, rank))
+    n = int(np.prod(x.shape[axis:]))
+    stat_shape = (*x.shape[:axis], *[1] * (rank - axis))
+    stat_dtype = np.dtype(np.float32) if node.attr("stash_type", 1) == 1 else np.dtype(x.dtype)
+    while len(node.outputs) < 3:  # the kernel writes them on its way
+        node.outputs.append(Value(f"{node.outputs[0].name}_{('mean', 'invstd')[len(node.outputs) - 1]}",
+                                  stat_shape, stat_dtype, node))
+    mean, inv = node.outputs[1], node.outputs[2]
+    if mean.dtype != x.dtype:
+        mean, inv = (b.op("Cast", v, to=dtypes.onnx_type(x.dtype)) for v in (mean, inv))
+    xhat = b.mul(b.sub(x, mean), inv)
+    gs = b.mul(g, scale)
+    mg = b.scale(b.reduce_sum(gs, row_axes), 1 / n)
+    mgx = b.scale(b.reduce_sum(b.mul(gs, xhat), row_axes), 1 / n)
+    dx = b.mul(inv, b.sub(b.sub(gs, mg), b.mul(xhat, mgx))) if needs[0] else None
+    ds = b.sum_to(b.mul(g, xhat), scale.shape) if needs[1] else None
+    db = b.sum_to(g, bias.shape) if bias is not None and len(needs) > 2 and needs[2] else None
+    return [dx, ds, db]

@@ -1,0 +1,90 @@
+"""Reverse-mode automatic differentiation over the IR.
+
+``gradients`` walks the nodes between the values differentiated against and the loss backwards,
+asking each op's gradient rule (``OpDef.grad``, in aotc/ops/grads/) for its inputs' cotangents, and
+appends what the rules build, ordinary nodes, to the same graph: the backward pass then goes through
+the same passes as the forward one (fusion, memory planning) and reads the forward activations it needs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+import aotc.ops.grads  # noqa: F401  (attaches the rules to the op table)
+from aotc.errors import AotcError
+from aotc.ir.graph import Graph, Node, Value
+from aotc.ops.grads.builder import GradBuilder, differentiable
+from aotc.ops.registry import OPS
+from aotc.passes.propagate import propagate
+
+
+class NoGradientError(AotcError):
+    """Ops between the parameters and the loss without a gradient rule; lists every one at once."""
+
+    def __init__(self, missing: dict[str, list[str]]) -> None:
+        self.missing = missing
+        parts = [f"{op} (nodes: {', '.join(names[:5])}{', ...' if len(names) > 5 else ''})"
+                 for op, names in sorted(missing.items())]
+        super().__init__(f"no gradient for: {'; '.join(parts)}")
+
+
+def gradients(graph: Graph, loss: Value, wrt: list[Value], prefix: str = "grad") -> dict[str, Value]:
+    """Append the backward pass of ``loss`` (a float scalar) to ``graph``; return, per value of ``wrt``
+    (by name), the value holding d loss / d value, of that value's shape and dtype.
+
+    ``wrt`` holds values computed at run time (graph inputs, typically the parameters once they are
+    inputs): a constant would be folded away with everything computed from it alone. A value the loss
+    does not depend on gets zeros. New node and value names start with ``prefix``."""
+    if any(n.outputs and n.outputs[0].shape is None for n in graph.nodes):
+        propagate(graph)  # shapes and dtypes, which the rules read
+    for v in wrt:
+        if v.is_const:
+            raise AotcError(f"cannot differentiate with respect to {v.name!r}: it is a constant; make it an input")
+        if not differentiable(v):
+            raise AotcError(f"cannot differentiate with respect to {v.name!r}: its type {v.type_str()} is not float")
+    if loss.shape is None or loss.size != 1 or not differentiable(loss):
+        raise AotcError(f"the loss {loss.name!r} must be a float scalar, not {loss.type_str()}")
+
+    active = _active_nodes(graph, loss, wrt)
+    missing: dict[str, list[str]] = {}
+    for n in active:
+        if OPS[n.op].grad is None:
+            missing.setdefault(n.op, []).append(n.name or n.outputs[0].name)
+    if missing:
+        raise NoGradientError(missing)
+
+    b = GradBuilder(graph, prefix)
+    depends = {id(v) for n in active for v in n.outputs} | {id(v) for v in wrt}
+    cot: dict[int, Value] = {id(loss): b.const(np.ones(loss.shape, loss.dtype))}
+    for n in reversed(active):
+        dys = [cot.get(id(v)) for v in n.outputs]
+        if all(g is None for g in dys):
+            continue
+        needs = [v is not None and id(v) in depends and differentiable(v) for v in n.inputs]
+        b.node = n
+        rule = OPS[n.op].grad
+        assert rule is not None
+        for v, g, need in zip(n.inputs, rule(b, n, dys, needs), needs, strict=False):
+            if g is None or not need:
+                continue
+            assert v is not None and g.shape == v.shape and g.dtype == v.dtype, \
+                f"{n.op} rule gave {g.type_str()} for {v.name!r} of {v.type_str()}"
+            prev = cot.get(id(v))
+            cot[id(v)] = g if prev is None else b.add(prev, g)
+    b.node = None
+    return {v.name: cot[id(v)] if id(v) in cot else b.zeros(v.shape, v.dtype) for v in wrt}
+
+
+def _active_nodes(graph: Graph, loss: Value, wrt: list[Value]) -> list[Node]:
+    """The nodes, in order, with a float output that depends on ``wrt`` and that the loss depends on."""
+    depends = {id(v) for v in wrt}
+    for n in graph.nodes:
+        if any(v is not None and id(v) in depends for v in n.inputs):
+            depends.update(id(v) for v in n.outputs if differentiable(v))
+    needed = {id(loss)}
+    active: list[Node] = []
+    for n in reversed(graph.nodes):
+        if any(id(v) in needed and id(v) in depends for v in n.outputs):
+            active.append(n)
+            needed.update(id(v) for v in n.inputs if v is not None)
+    return active[::-1]
