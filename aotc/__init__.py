@@ -12,6 +12,7 @@ from aotc.errors import (  # noqa: E402
     WorkspaceError,
 )
 from aotc.jit import JitModel, jit  # noqa: E402
+from aotc.training.spec import Train  # noqa: E402
 
 __all__ = ["AotcError", "CompiledModel", "IndexOutOfRangeError", "JitModel", "NullArgumentError", "RunError",
-           "WorkspaceError", "compile", "jit", "load", "__version__"]
+           "Train", "WorkspaceError", "compile", "jit", "load", "__version__"]

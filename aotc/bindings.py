@@ -10,6 +10,11 @@ the C library at their upper-bound shape, with their valid extent in extra count
 trims them to the true shape and leaves the count outputs out, so Python sees ONNX's outputs;
 ``run(..., raw=True)`` returns the C library's outputs as they are.
 
+A training library (``aotc compile --train``) keeps its state buffer (parameters, optimizer moments,
+step counter) in the ``CompiledModel``: ``train_step(feeds)`` updates it and returns the loss, ``run``
+reads it, ``state`` maps each state tensor's name to a numpy view of it, and ``save`` writes the model
+file back with the trained initializers. One model's state is not for several threads to train at once.
+
 A nonzero status from the run raises the ``aotc.RunError`` subclass for it (``IndexOutOfRangeError``
 for an out-of-range index input; see ``aotc.errors.RUN_ERRORS``); the outputs are then unspecified.
 """
@@ -33,6 +38,8 @@ from aotc.errors import AotcError, run_error
 from aotc.ir import dtypes
 
 if TYPE_CHECKING:
+    import onnx
+
     from aotc.profile import Profile
 
 
@@ -118,6 +125,75 @@ class CompiledModel:
         self._pointers = self._ffi.typeof("void *[]")
         self._par = (self._ffi.cast("aotc_parallel *", self.pool.address) if self.pool is not None
                      else self._ffi.NULL)
+        self._train = self.metadata.get("train")
+        self.train_inputs: list[TensorSpec] = []
+        if self._train is not None:
+            self._init_state()
+
+    def _init_state(self) -> None:
+        """Allocate the state (64-byte aligned), fill it with NAME_state_init, and bind the run functions to it."""
+        assert self._train is not None
+        n = int(self._train["state"]["bytes"])
+        raw = np.zeros(n + 64, np.uint8)
+        off = (-raw.ctypes.data) % 64
+        self.state_buffer = raw[off:off + n]
+        self._state_c = self._ffi.from_buffer(self.state_buffer)
+        self.reset_state()
+        self.train_inputs = [TensorSpec(t["name"], dtypes.from_name(t["dtype"]), tuple(t["shape"]))
+                             for t in self._train["inputs"]]
+        self._loss_spec = _spec(self._train["outputs"][0])
+        run, train = self._run, getattr(self._lib, f"{self.name}_train_step_parallel")
+        self._run = lambda ins, outs, *rest: run(ins, outs, self._state_c, *rest)
+        self._train_step = lambda ins, outs, *rest: train(ins, outs, self._state_c, *rest)
+        self._state_views = {t["name"]: np.ndarray(tuple(t["shape"]), dtypes.from_name(t["dtype"]),
+                                                   buffer=self.state_buffer, offset=int(t["offset"]))
+                             for t in self._train["state"]["tensors"]}
+
+    def reset_state(self) -> None:
+        """Back to the model's initial parameters, zero moments and step count (NAME_state_init)."""
+        self._need_train("reset_state")
+        rc = getattr(self._lib, f"{self.name}_state_init")(self._state_c)
+        if rc != 0:
+            raise run_error(self.name, rc)
+
+    def _need_train(self, what: str) -> None:
+        if self._train is None:
+            raise AotcError(f"{self.name}.{what}: the model was not compiled for training (--train)")
+
+    @property
+    def state(self) -> dict[str, np.ndarray]:
+        """Each state tensor (parameters, running statistics, moments, ``step``) by name: a writable view
+        of the state buffer that ``run`` reads and ``train_step`` updates."""
+        self._need_train("state")
+        return dict(self._state_views)
+
+    def train_step(self, feeds: Mapping[str, object] | Sequence[object]) -> float:
+        """One training step on a batch (the inputs of ``train_inputs``: the model's and the labels);
+        updates the state in place and returns the loss (computed before the update)."""
+        self._need_train("train_step")
+        loss = np.empty(self._loss_spec.shape, self._loss_spec.dtype)
+        self._call(self._train_step, feeds, out=[loss], specs=self.train_inputs)
+        return float(loss)
+
+    def save(self, path: str | Path, source: str | Path | onnx.ModelProto | None = None) -> None:
+        """Write the model compiled (``source``: the ONNX model, by default the file compiled) with its
+        parameters and running statistics replaced by the state's current values."""
+        import onnx
+        from onnx import numpy_helper
+
+        self._need_train("save")
+        assert self._train is not None
+        if source is None:
+            source = getattr(self, "source_model", None) or self._train.get("source")
+            if source is None:
+                raise AotcError(f"{self.name}.save: the model was compiled from memory; pass source=")
+        model = source if isinstance(source, onnx.ModelProto) else onnx.load(str(source))
+        model = onnx.ModelProto.FromString(model.SerializeToString())
+        roles = {t["name"]: t["role"] for t in self._train["state"]["tensors"]}
+        for i, init in enumerate(model.graph.initializer):
+            if roles.get(init.name) in ("parameter", "running statistic"):
+                model.graph.initializer[i].CopyFrom(numpy_helper.from_array(self._state_views[init.name], init.name))
+        onnx.save(model, str(path))
 
     @property
     def num_kernels(self) -> int:
@@ -138,13 +214,15 @@ class CompiledModel:
             self._local.ws_c = self._ptr(ws) if ws.size else self._ffi.NULL
         return ws
 
-    def _check(self, feeds: Mapping[str, object] | Sequence[object]) -> list[np.ndarray]:
+    def _check(self, feeds: Mapping[str, object] | Sequence[object],
+               specs: list[TensorSpec] | None = None) -> list[np.ndarray]:
+        specs = self.inputs if specs is None else specs
         if not isinstance(feeds, Mapping):
             feeds = list(feeds)
-            if len(feeds) != len(self.inputs):
-                raise ValueError(f"{self.name}: expected {len(self.inputs)} inputs, got {len(feeds)}")
-            feeds = {t.name: x for t, x in zip(self.inputs, feeds, strict=True)}
-        expected = self._input_names
+            if len(feeds) != len(specs):
+                raise ValueError(f"{self.name}: expected {len(specs)} inputs, got {len(feeds)}")
+            feeds = {t.name: x for t, x in zip(specs, feeds, strict=True)}
+        expected = self._input_names if specs is self.inputs else [t.name for t in specs]
         if len(feeds) != len(expected) or any(k not in feeds for k in expected):
             unknown = [k for k in feeds if k not in expected]
             missing = [k for k in expected if k not in feeds]
@@ -152,7 +230,7 @@ class CompiledModel:
                              + (f"; unknown: {unknown}" if unknown else "")
                              + (f"; missing: {missing}" if missing else ""))
         arrays = []
-        for t in self.inputs:
+        for t in specs:
             x = feeds[t.name]
             if t.name in self._string_inputs:
                 arrays.append(_string_pointers(self.name, t, x))
@@ -218,9 +296,10 @@ class CompiledModel:
         return res
 
     def _call(self, fn, feeds: Mapping[str, object] | Sequence[object], *extra,
-              out: Sequence[np.ndarray] | None = None, raw: bool = False) -> list[np.ndarray]:
-        arrays = self._check(feeds)
-        outs = self._outputs(out, raw)
+              out: Sequence[np.ndarray] | None = None, raw: bool = False,
+              specs: list[TensorSpec] | None = None) -> list[np.ndarray]:
+        arrays = self._check(feeds, specs)
+        outs = self._outputs(out, raw) if specs is None else list(out or [])
         keep = [*arrays, *outs]  # noqa: F841 - buffers must outlive the call
         ins_c = self._ffi.new(self._pointers, [self._ptr(a) for a in arrays] or [self._ffi.NULL])
         outs_c = self._ffi.new(self._pointers, [self._ptr(a) for a in outs] or [self._ffi.NULL])
@@ -248,6 +327,9 @@ class CompiledModel:
         fn = getattr(self._lib, f"{self.name}_run_profiled", None) if self.metadata.get("profile") else None
         if fn is None:
             raise AotcError(f"{self.name} was not compiled with --profile")
+        if self._train is not None:
+            profiled = fn
+            fn = lambda ins, outs, *rest: profiled(ins, outs, self._state_c, *rest)  # noqa: E731
         if iterations < 1:
             raise ValueError(f"iterations must be >= 1, got {iterations}")
         times = self._ffi.new("uint64_t[]", max(1, 2 * self.num_kernels))

@@ -14,7 +14,9 @@ import onnx
 
 from aotc.build import StagedBuild, build_dir, check_output_dir, output_errors, write_if_changed
 from aotc.codegen.cpp_class import cpp_header, parse_cpp_class
-from aotc.codegen.library import Library, bounded_layout, cdef, generate, metadata
+from aotc.codegen.cuda.library import cuda_cdef, generate_cuda
+from aotc.codegen.cuda.programs import cuda_benchmark_program, cuda_test_program
+from aotc.codegen.library import Entry, Library, bounded_layout, cdef, generate, metadata
 from aotc.codegen.names import check_model_name
 from aotc.codegen.programs import benchmark_program, test_program
 from aotc.config import Config, load_config
@@ -37,6 +39,7 @@ from aotc.target import resolve
 
 if TYPE_CHECKING:
     from aotc.bindings import CompiledModel
+    from aotc.training.spec import Train
 
 
 # Not "build": CMake, Meson and many Makefiles own that directory.
@@ -76,7 +79,9 @@ def compile_model(model: str | Path | onnx.ModelProto | Graph, out_dir: str | Pa
                   signature: str | None = None, variables_to_feed: list[str] | None = None,
                   cpp_class: str | None = None, target: str | None = None, target_features: str | None = None,
                   sysroot: str | None = None,
-                  test_data: tuple[list[np.ndarray], list[np.ndarray]] | None = None) -> CompileResult:
+                  test_data: tuple[list[np.ndarray], list[np.ndarray]] | None = None,
+                  train: Train | None = None,
+                  cuda_arch: str | None = None, cuda_tf32: bool = False) -> CompileResult:
     """Compile ``model`` into ``out_dir``: NAME.h, libNAME.a, libNAME.so, NAME.json and NAME.cdef
     (built in ``out_dir/.aotc/NAME/``, delivered only when the build succeeded; see aotc.build).
 
@@ -95,11 +100,18 @@ def compile_model(model: str | Path | onnx.ModelProto | Graph, out_dir: str | Pa
     then needs a CPU with this one's instruction sets; ``generic`` for a cross triple),
     ``target_features`` (``+avx512f,-avx512bw``) and ``sysroot`` choose what the library is built for
     (aotc.target.resolve); a library for another machine is tested through its generated test program.
+    ``target="cuda"`` builds a CUDA library with nvcc instead (docs/cuda.md): ``cuda_arch`` (``"sm_90,sm_80"``)
+    chooses the GPUs, ``cuda_tf32`` lets float32 GEMMs and convs use TF32 tensor cores.
+
+    ``train`` (``aotc.Train``: loss, optimizer, trainable parameters) adds NAME_train_step and the state
+    buffer the parameters live in (aotc.training); NAME_run then reads them from the state.
     """
     check_model_name(name)
     if cpp_class is not None:
         parse_cpp_class(cpp_class, name)
-    tgt = resolve(target, target_cpu, target_features, sysroot, extra_cflags)
+    tgt = resolve(target, target_cpu, target_features, sysroot, extra_cflags, cuda_arch, cuda_tf32)
+    if tgt.is_cuda and (cpp_class is not None or train is not None):
+        raise AotcError("--target cuda does not take --cpp-class or --train")
     out = Path(out_dir)
     check_output_dir(out, "output directory")
     if dump_to:
@@ -119,6 +131,7 @@ def compile_model(model: str | Path | onnx.ModelProto | Graph, out_dir: str | Pa
     say("import")
     cfg = load_config(config) if isinstance(config, (str, Path)) else config
     shapes = dict(input_shapes or {})
+    proto: onnx.ModelProto | None = None
     if isinstance(model, Graph):  # imported by the caller (any frontend); the config still applies
         graph = model
         graph.name = name
@@ -133,6 +146,10 @@ def compile_model(model: str | Path | onnx.ModelProto | Graph, out_dir: str | Pa
     if (gen_test or gen_benchmark) and any(dtypes.is_string(v.dtype) for v in graph.inputs):
         raise AotcError("--gen-test and --gen-benchmark do not support string inputs: the generated "
                         "programs store inputs as fixed-size binary elements, not strings")
+    training = None
+    if train is not None:
+        training = _training_graphs(graph, train, proto, gen_test or gen_benchmark or cpp_class is not None)
+        graph = training.inference
     input_names = [v.name for v in graph.inputs]
     reference_model = to_onnx(graph) if gen_test and test_data is None else None
     bounded = expose_counts(graph)  # data-dependent outputs get their count outputs (ops/dynamic.py)
@@ -142,13 +159,25 @@ def compile_model(model: str | Path | onnx.ModelProto | Graph, out_dir: str | Pa
     t0 = time.perf_counter()
     with output_errors(dump_to or out):
         run_passes(graph, dump_dir=Path(dump_to) if dump_to else None, log=say, target=tgt)
+        if training is not None:
+            say("training step")
+            run_passes(training.train, dump_dir=Path(dump_to) / "train" if dump_to else None, log=say, target=tgt)
     times["passes"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     say(f"codegen: {len(graph.kernels)} kernels")
     source = model_path.name if model_path else "<model>"
-    lib = generate(graph, name, input_names, output_names, source, target=tgt, profile=profile, pool=thread_pool,
-                   bounded=bounded)
+    train_entry = None if training is None else Entry(training.train, [v.name for v in training.train.inputs],
+                                                      [v.name for v in training.train.outputs], training.train_state)
+    if tgt.is_cuda:
+        if bounded:
+            raise AotcError("--target cuda does not compile data-dependent outputs (NonZero, Unique, ...)")
+        lib = generate_cuda(graph, name, input_names, output_names, source, target=tgt, profile=profile)
+        thread_pool = False
+    else:
+        lib = generate(graph, name, input_names, output_names, source, target=tgt, profile=profile,
+                       pool=thread_pool, bounded=bounded, state=training.layout if training else None,
+                       state_inputs=training.inference_state if training else None, train=train_entry)
     times["codegen"] = time.perf_counter() - t0
     if gen_test:
         t0 = time.perf_counter()
@@ -161,10 +190,17 @@ def compile_model(model: str | Path | onnx.ModelProto | Graph, out_dir: str | Pa
             inputs = random_inputs([(t.dtype, tuple(t.shape)) for t in lib.inputs])
             expected, ref_name = run_reference(reference_model, inputs)
         expected = bounded_layout(lib, expected)
-        lib.files.update(test_program(lib, inputs, expected, ref_name, *test_tolerance, thread_pool))
-        lib.programs[f"{name}_test"] = [f"{name}_test.c", f"{name}_test_data.S"]
+        if tgt.is_cuda:
+            lib.files.update(cuda_test_program(lib, inputs, expected, ref_name, *test_tolerance))
+            lib.programs[f"{name}_test"] = [f"{name}_test.cu", f"{name}_test_data.S"]
+        else:
+            lib.files.update(test_program(lib, inputs, expected, ref_name, *test_tolerance, thread_pool))
+            lib.programs[f"{name}_test"] = [f"{name}_test.c", f"{name}_test_data.S"]
         times["reference"] = time.perf_counter() - t0
-    if gen_benchmark:
+    if gen_benchmark and tgt.is_cuda:
+        lib.files.update(cuda_benchmark_program(lib))
+        lib.programs[f"{name}_benchmark"] = [f"{name}_benchmark.cu"]
+    elif gen_benchmark:
         lib.files.update(benchmark_program(lib, thread_pool))
         lib.programs[f"{name}_benchmark"] = [f"{name}_benchmark.c"]
 
@@ -177,10 +213,13 @@ def compile_model(model: str | Path | onnx.ModelProto | Graph, out_dir: str | Pa
         info = {"target_cpu": tgt.cpu, "isa": tgt.isa.name, "target": tgt.metadata(), "profile": profile,
                 "thread_pool": thread_pool,
                 "memory": graph.memory.summary(), "build_id": build_id}
+        if training is not None:
+            info["train"] = training.metadata(lib, train, model_path)
         staged.commit({**cpp, f"{name}.json": metadata(lib, graph, info).encode(),
                        f"{name}.cdef": (f"/* aotc build {build_id} */\n"
                                         f"const char *{name}_build_id(void);\n"
-                                        + cdef(name, profile, thread_pool)).encode()})
+                                        + (cuda_cdef(name, profile) if tgt.is_cuda else
+                                           cdef(name, profile, thread_pool, training is not None))).encode()})
     times["c_compile"] = time.perf_counter() - t0
     if cpp_class is None:
         _remove_generated(out / f"{name}.hpp", f"/* {name}.hpp: generated by aotc ")
@@ -188,7 +227,7 @@ def compile_model(model: str | Path | onnx.ModelProto | Graph, out_dir: str | Pa
     if dump_to:
         with output_errors(dump_to):
             for fname, data in lib.files.items():
-                if fname.endswith((".c", ".h")):
+                if fname.endswith((".c", ".h", ".cu", ".cuh")):
                     write_if_changed(Path(dump_to) / fname, data)
     if depfile:
         targets = [out / f"lib{name}.a", out / f"lib{name}.so", out / f"{name}.h"]
@@ -199,6 +238,19 @@ def compile_model(model: str | Path | onnx.ModelProto | Graph, out_dir: str | Pa
             for t in targets:  # make compares mtimes: the rule ran, so its targets are now fresh
                 os.utime(t)
     return CompileResult(out, name, lib, graph, times)
+
+
+def _training_graphs(graph: Graph, train: Train, proto: onnx.ModelProto | None, programs: bool):
+    """The inference and training graphs of a --train compile (aotc.training.build)."""
+    from aotc.training.build import build_training
+
+    if programs:
+        raise AotcError("--train does not combine with --gen-test, --gen-benchmark or --cpp-class yet")
+    if proto is not None:
+        initializers = {t.name for t in proto.graph.initializer}
+    else:  # a graph imported by the caller: its float constants are the candidates
+        initializers = {v.name for v in graph.values() if v.is_const}
+    return build_training(graph, train, initializers)
 
 
 def _remove_generated(path: Path, first: str) -> None:

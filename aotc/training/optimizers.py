@@ -1,0 +1,58 @@
+"""The optimizers' updates as elementwise IR nodes, PyTorch's formulas (weight decay 0).
+
+Written as ordinary Sub/Mul/Add/Sqrt nodes, each parameter's update fuses into one loop kernel that
+reads the gradient and overwrites the parameter (and its moments) in place in the state buffer
+(``Graph.add_update``; aotc/passes/fuse.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import onnx
+
+from aotc.ir.graph import Value
+from aotc.ops.grads.builder import GradBuilder
+from aotc.training.spec import Optimizer
+
+# (name, role, shape, dtype) -> a new state input, zero before the first step.
+MakeState = Callable[[str, str, tuple[int, ...], np.dtype], Value]
+
+
+def apply_optimizer(b: GradBuilder, opt: Optimizer, params: list[Value], grads: dict[str, Value],
+                    state: MakeState) -> None:
+    """Append ``opt``'s update of every parameter to ``b``'s graph, as in-place updates of the state.
+    Every optimizer counts steps (the state's ``step``, an int64), which Adam's bias correction reads."""
+    g = b.graph
+    step = state("step", "step", (), np.dtype(np.int64))
+    t = b.op("Add", step, b.const(np.int64(1)))
+    g.add_update(step, t)
+    tf = b.op("Cast", t, to=onnx.TensorProto.FLOAT)
+    for p in params:
+        grad = grads[p.name]
+
+        def c(x: float, like: Value = p) -> Value:
+            return b.const(x, like.dtype)
+        if opt.kind == "sgd":
+            new = b.op("Sub", p, b.op("Mul", grad, c(opt["lr"])))
+        elif opt.kind == "momentum":
+            buf = state(f"{p.name}.momentum", "moment", p.shape, p.dtype)
+            buf_new = b.op("Add", b.op("Mul", buf, c(opt["momentum"])), grad)
+            g.add_update(buf, buf_new)
+            direction = b.op("Add", grad, b.op("Mul", buf_new, c(opt["momentum"]))) if opt["nesterov"] else buf_new
+            new = b.op("Sub", p, b.op("Mul", direction, c(opt["lr"])))
+        else:
+            b1, b2 = opt["beta1"], opt["beta2"]
+            m = state(f"{p.name}.exp_avg", "moment", p.shape, p.dtype)
+            v = state(f"{p.name}.exp_avg_sq", "moment", p.shape, p.dtype)
+            m_new = b.op("Add", b.op("Mul", m, c(b1)), b.op("Mul", grad, c(1 - b1)))
+            v_new = b.op("Add", b.op("Mul", v, c(b2)), b.op("Mul", b.op("Mul", grad, grad), c(1 - b2)))
+            g.add_update(m, m_new)
+            g.add_update(v, v_new)
+            bc1 = b.op("Sub", c(1.0, tf), b.op("Pow", c(b1, tf), tf))
+            bc2 = b.op("Sub", c(1.0, tf), b.op("Pow", c(b2, tf), tf))
+            step_size = b.op("Div", c(opt["lr"], tf), bc1)
+            denom = b.op("Add", b.op("Div", b.op("Sqrt", v_new), b.op("Sqrt", bc2)), c(opt["eps"]))
+            new = b.op("Sub", p, b.op("Mul", b.op("Div", m_new, denom), step_size))
+        g.add_update(p, new)
