@@ -40,8 +40,9 @@ import cffi  # noqa: E402
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from aotc.codegen.gemm import GemmSpec, gemm_params, pack_b, plan_gemm, render_gemm, scratch_bytes  # noqa: E402
+from aotc.codegen.gemm import render_gemm  # noqa: E402
 from aotc.codegen.library import env  # noqa: E402
+from aotc.ops.gemm_plan import GemmSpec, gemm_params, pack_b, plan_gemm, scratch_bytes  # noqa: E402
 from aotc.target import L1D_BYTES, L2_BYTES  # noqa: E402
 
 
@@ -97,22 +98,23 @@ def _aligned(n: int) -> np.ndarray:
 
 
 def _build(specs: list[GemmSpec], cflags: list[str], workdir: Path) -> tuple[cffi.FFI, object]:
-    """One library: every kernel, a C timing loop per kernel (ntasks tasks per call, on the pool when
-    ntasks > 1), and the bundled pool rendered as bench_pool_create."""
+    """One library: every kernel (``g0``, ``g1``, ... in ``specs``' order), a C timing loop per kernel
+    (ntasks tasks per call, on the pool when ntasks > 1), and the bundled pool rendered as bench_pool_create."""
     parts = ['#include "bench.h"', "typedef struct { const float *A, *B; float *C, *S; size_t nt; } bench_job;"]
     decls = ["typedef struct aotc_parallel aotc_parallel;", "aotc_parallel *bench_pool_create(size_t num_threads);",
              "void bench_pool_destroy(aotc_parallel *pool);"]
-    for s in specs:
-        parts.append(render_gemm(s))
-        parts.append(f"static void task_{s.fn}(void *p, size_t t) {{\n    const bench_job *j = (const bench_job *)p;\n"
-                     f"    {s.fn}(j->A, j->B, j->C, j->S, t, j->nt);\n}}")
-        proto = (f"void bench_{s.fn}(const float *A, const float *B, float *C, float *scratch, size_t iters, "
+    for i, s in enumerate(specs):
+        fn = f"g{i}"
+        parts.append(render_gemm(plan_gemm(s), fn))
+        parts.append(f"static void task_{fn}(void *p, size_t t) {{\n    const bench_job *j = (const bench_job *)p;\n"
+                     f"    {fn}(j->A, j->B, j->C, j->S, t, j->nt);\n}}")
+        proto = (f"void bench_{fn}(const float *A, const float *B, float *C, float *scratch, size_t iters, "
                  "aotc_parallel *par, size_t ntasks)")
         decls.append(proto + ";")
         parts.append(f"{proto};\n{proto}\n{{\n    bench_job j = {{A, B, C, scratch, ntasks}};\n"
                      f"    for (size_t it = 0; it < iters; ++it) {{\n"
-                     f"        if (ntasks > 1) par->run(par->ctx, ntasks, task_{s.fn}, &j);\n"
-                     f"        else task_{s.fn}(&j, 0);\n    }}\n}}\n")
+                     f"        if (ntasks > 1) par->run(par->ctx, ntasks, task_{fn}, &j);\n"
+                     f"        else task_{fn}(&j, 0);\n    }}\n}}\n")
     # The pool needs from a model header only the aotc_parallel interface, which has one template.
     (workdir / "bench.h").write_text("#include <stddef.h>\n" + env().get_template("parallel.h.j2").render())
     (workdir / "bench_pool.c").write_text(env().get_template("pool.c.j2").render(name="bench", version="benchmark",
@@ -178,11 +180,11 @@ def main() -> None:
     cases = [c for c in CASES + (EXTRA_CASES if args.all else []) if args.only in c.label]
     min_batch = 0.02 if args.quick else 0.1
     batches = args.batches or (7 if args.quick else 15)
-    specs = [GemmSpec(f"g{i}", c.m, c.n, c.k, batch=c.batch, a_batch_stride=c.m * c.k,
+    specs = [GemmSpec(c.m, c.n, c.k, batch=c.batch, a_batch_stride=c.m * c.k,
                       b_batch_stride=0 if c.b_shared else c.k * c.n, c_batch_stride=c.m * c.n,
                       trans_a=c.trans_a, trans_b=c.trans_b, b_const=c.b_const, isa=args.isa,
                       blocking=blocking)
-             for i, c in enumerate(cases)]
+             for c in cases]
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as tmp:
         ffi, lib = _build(specs, shlex.split(args.cflags), Path(tmp))
@@ -194,7 +196,7 @@ def main() -> None:
         print("GFLOP/s, median and best of the timed batches")
         print(f"{'case':24s} {'KC':>4s} {'MC':>4s} {'NC':>5s} {'aotc':>8s} {'numpy':>8s} {'ratio':>6s}"
               f" {'aotc*':>8s} {'numpy*':>8s} {'ratio*':>6s}")
-        for case, spec in zip(cases, specs, strict=True):
+        for i, (case, spec) in enumerate(zip(cases, specs, strict=True)):
             m, n, k, nb = case.m, case.n, case.k, case.batch
             a = rng.standard_normal((nb, k, m) if case.trans_a else (nb, m, k)).astype(np.float32)
             b = rng.standard_normal((1 if case.b_shared else nb,) + ((n, k) if case.trans_b else (k, n)))
@@ -213,7 +215,7 @@ def main() -> None:
             else:
                 b_buf = b
             scratch = _aligned(max(16, scratch_bytes(spec, args.threads) // 4))
-            kern = getattr(lib, f"bench_{spec.fn}")
+            kern = getattr(lib, f"bench_g{i}")
             pa, pb, pc, ps = (ffi.from_buffer("float[]", x) for x in (a, b_buf, c, scratch))
 
             def run_kernel(reps: int, kern=kern, pa=pa, pb=pb, pc=pc, ps=ps) -> None:

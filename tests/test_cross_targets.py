@@ -24,11 +24,12 @@ from onnx import TensorProto, helper, numpy_helper
 
 import aotc
 import aotc.target
-from aotc.codegen.gemm import GemmSpec, render_gemm
+from aotc.codegen.gemm import render_gemm
 from aotc.compiler import compile_model
 from aotc.errors import AotcError
 from aotc.isa import ISAS, isa_for_macros
 from aotc.ops.conv import bcast_tile_kernel
+from aotc.ops.gemm_plan import GemmSpec, plan_gemm
 from aotc.target import for_isa, host_arch, resolve
 
 CROSS = ["aarch64-linux-gnu", "riscv64-linux-gnu"]
@@ -291,7 +292,7 @@ def test_isa_entry(tmp_path: Path, name: str) -> None:
     isa = ISAS[name]
     assert isa_for_macros(set(isa.macros)) is isa
     assert isa.gemm_mr * isa.gemm_nv <= isa.acc_budget < isa.registers
-    src = ("#include <stddef.h>\n#include <string.h>\n" + render_gemm(GemmSpec("g", 13, 21, 9, isa=name))
+    src = ("#include <stddef.h>\n#include <string.h>\n" + render_gemm(plan_gemm(GemmSpec(13, 21, 9, isa=name)), "g")
            + isa.include + "\n" + bcast_tile_kernel(for_isa(name), "tile", 3, 2, 8, 8, "nk")
            + "\nvoid use(const float *a, const float *b, float *c, float *s, float *y) {\n"
            "  g(a, b, c, s, 0, 1);\n  tile(a, b, c, y, 4);\n}\n")

@@ -1,4 +1,4 @@
-"""Tests for the GEMM generator (aotc/codegen/gemm.py + templates/gemm.c.j2).
+"""Tests for the GEMM planner and generator (aotc/ops/gemm_plan.py, aotc/codegen/gemm.py + templates/gemm.c.j2).
 
 Every case renders one GEMM with its own function name; all cases of an ISA go into a few C files that are
 compiled once, concurrently, with the project's warning flags (-Wall -Wextra -Werror), so the whole file
@@ -22,10 +22,11 @@ import numpy as np
 import pytest
 
 try:
-    from aotc.codegen.gemm import GemmSpec, pack_b, packed_b_shape, plan_gemm, render_gemm, scratch_bytes
+    from aotc.codegen.gemm import render_gemm
 except ImportError:  # a checkout without the package installed
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from aotc.codegen.gemm import GemmSpec, pack_b, packed_b_shape, plan_gemm, render_gemm, scratch_bytes
+    from aotc.codegen.gemm import render_gemm
+from aotc.ops.gemm_plan import GemmSpec, pack_b, packed_b_shape, plan_gemm, scratch_bytes
 
 cffi = pytest.importorskip("cffi")
 
@@ -106,10 +107,12 @@ class Case:
     epilogue: bool = False
     ntasks: tuple[int, ...] = (1, 3)
     threads: bool = False
+    fn: str = field(init=False)
     spec: GemmSpec = field(init=False)
 
     def make_spec(self, fn: str) -> None:
-        self.spec = GemmSpec(fn, self.m, self.n, self.k, batch=self.batch, a_batch_stride=self.a_stride,
+        self.fn = fn
+        self.spec = GemmSpec(self.m, self.n, self.k, batch=self.batch, a_batch_stride=self.a_stride,
                              b_batch_stride=self.b_stride, c_batch_stride=self.c_stride, trans_a=self.trans_a,
                              trans_b=self.trans_b, b_const=self.b_const, isa=self.isa)
 
@@ -184,7 +187,7 @@ def _aligned(n_floats: int) -> np.ndarray:
 
 def _entry(case: Case) -> str:
     """An exported run_<fn>() with one fixed signature, forwarding to the static generated function."""
-    fn = case.spec.fn
+    fn = case.fn
     sig = (f"void run_{fn}(const float *A, const float *B, float *C, float *scratch, size_t task, size_t ntasks,"
            " const float *bias)")
     call = f"{fn}(A, B, C, scratch, task, ntasks, bias);" if case.epilogue else \
@@ -195,7 +198,7 @@ def _entry(case: Case) -> str:
 def _source(cases: list[Case]) -> str:
     parts = []
     for c in cases:
-        parts.append(render_gemm(c.spec, EPI if c.epilogue else "", EPI_PARAMS if c.epilogue else ""))
+        parts.append(render_gemm(plan_gemm(c.spec), c.fn, EPI if c.epilogue else "", EPI_PARAMS if c.epilogue else ""))
         parts.append(_entry(c))
     return "\n".join(parts)
 
@@ -231,11 +234,11 @@ def libs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[object, ob
         _, err = proc.communicate()
         assert proc.returncode == 0, f"{' '.join(cmd)}\n{err}"
         ffi = cffi.FFI()
-        ffi.cdef("\n".join(f"void run_{c.spec.fn}(const float *A, const float *B, float *C, float *scratch,"
+        ffi.cdef("\n".join(f"void run_{c.fn}(const float *A, const float *B, float *C, float *scratch,"
                            " size_t task, size_t ntasks, const float *bias);" for c in chunk))
         handle = ffi.dlopen(str(lib))
         for c in chunk:
-            out[c.spec.fn] = (ffi, handle)
+            out[c.fn] = (ffi, handle)
     return out
 
 
@@ -263,8 +266,8 @@ def _reference(spec: GemmSpec, a: np.ndarray, b: np.ndarray, bias: np.ndarray | 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_gemm(case: Case, libs: dict[str, tuple[object, object]]) -> None:
     spec = case.spec
-    ffi, lib = libs[spec.fn]
-    run = getattr(lib, f"run_{spec.fn}")
+    ffi, lib = libs[case.fn]
+    run = getattr(lib, f"run_{case.fn}")
     rng = np.random.default_rng(spec.m * 7919 + spec.n * 31 + spec.k)
     a, b = _operands(spec, rng)
     bias = rng.standard_normal(spec.n).astype(np.float32) if case.epilogue else None
@@ -305,9 +308,9 @@ def test_gemm(case: Case, libs: dict[str, tuple[object, object]]) -> None:
 
 def test_plan_blocks_every_dimension() -> None:
     # The big cases above only test multi-block loops if the plan really splits each dimension.
-    plan = plan_gemm(GemmSpec("x", 300, 3100, 700, isa=NATIVE))
+    plan = plan_gemm(GemmSpec(300, 3100, 700, isa=NATIVE))
     assert plan.kc < 700 and plan.mc < 300 and plan.nc < 3100
-    plan = plan_gemm(GemmSpec("x", 257, 3100, 700, isa=NATIVE, b_const=True))
+    plan = plan_gemm(GemmSpec(257, 3100, 700, isa=NATIVE, b_const=True))
     assert plan.kc < 700 and plan.mc < 257
 
 
@@ -316,49 +319,51 @@ def test_plan_reads_small_a_in_place_when_tasks_split_columns() -> None:
     # Tasks that split columns would each pack the same A: one M block that fits in half of L2 is read in
     # place instead.  A bigger A, or a row split, is still packed.
     for m, n, k, b_const in ((64, 512, 784, True), (64, 127, 300, False)):
-        plan = plan_gemm(GemmSpec("x", m, n, k, isa="avx2", b_const=b_const))
+        plan = plan_gemm(GemmSpec(m, n, k, isa="avx2", b_const=b_const))
         assert not plan.split_m and not plan.pack_a and plan.a_floats == 0
-    assert plan_gemm(GemmSpec("x", 100, 1000, 2048, isa="avx2", b_const=True)).pack_a  # A of 800 KB
-    assert plan_gemm(GemmSpec("x", 256, 256, 512, isa="avx2", b_const=True)).pack_a  # rows split, 2 K blocks
-    assert not plan_gemm(GemmSpec("x", 256, 256, 256, isa="avx2", b_const=True)).pack_a  # one K block
+    assert plan_gemm(GemmSpec(100, 1000, 2048, isa="avx2", b_const=True)).pack_a  # A of 800 KB
+    assert plan_gemm(GemmSpec(256, 256, 512, isa="avx2", b_const=True)).pack_a  # rows split, 2 K blocks
+    assert not plan_gemm(GemmSpec(256, 256, 256, isa="avx2", b_const=True)).pack_a  # one K block
 
 
 def test_plan_takes_whole_k_with_shared_a_and_constant_b() -> None:
     # The 64x784x512 case above runs as one K block, 20x100x1500 (also threaded above) as two of 750:
     # the B micro-panel is capped at 64 KB (K = 1024 on AVX2). A run-time B or a packed A keeps the ISA's
     # K block.
-    assert plan_gemm(GemmSpec("x", 64, 512, 784, isa="avx2", b_const=True)).kc == 784
-    assert plan_gemm(GemmSpec("x", 20, 100, 1500, isa="avx2", b_const=True)).kc == 750
-    assert plan_gemm(GemmSpec("x", 64, 127, 300, isa="avx2")).kc == 150
-    assert plan_gemm(GemmSpec("x", 256, 256, 512, isa="avx2", b_const=True)).kc == 256
+    assert plan_gemm(GemmSpec(64, 512, 784, isa="avx2", b_const=True)).kc == 784
+    assert plan_gemm(GemmSpec(20, 100, 1500, isa="avx2", b_const=True)).kc == 750
+    assert plan_gemm(GemmSpec(64, 127, 300, isa="avx2")).kc == 150
+    assert plan_gemm(GemmSpec(256, 256, 512, isa="avx2", b_const=True)).kc == 256
 
 
 def test_spec_validation() -> None:
-    for bad in (dict(fn="not an identifier"), dict(m=0), dict(isa="sse9"), dict(batch=2, c_batch_stride=3)):
-        args = dict(fn="g", m=2, n=2, k=2) | bad
+    for bad in (dict(m=0), dict(isa="sse9"), dict(batch=2, c_batch_stride=3)):
+        args = dict(m=2, n=2, k=2) | bad
         with pytest.raises(ValueError):
             GemmSpec(**args)
     with pytest.raises(ValueError):
-        scratch_bytes(GemmSpec("g", 1, 1, 1), 0)
+        render_gemm(plan_gemm(GemmSpec(2, 2, 2)), "not an identifier")
     with pytest.raises(ValueError):
-        pack_b(np.zeros(5, np.float32), GemmSpec("g", 2, 2, 3, b_const=True))
+        scratch_bytes(GemmSpec(1, 1, 1), 0)
+    with pytest.raises(ValueError):
+        pack_b(np.zeros(5, np.float32), GemmSpec(2, 2, 3, b_const=True))
 
 
 def test_pack_b_layout() -> None:
-    spec = GemmSpec("g", 4, 20, 3, b_const=True, isa="avx2")
+    spec = GemmSpec(4, 20, 3, b_const=True, isa="avx2")
     b = np.arange(60, dtype=np.float32).reshape(3, 20)
     p = pack_b(b, spec)
     assert p.shape == (1, 2, 3, 16) and p.dtype == np.float32 and p.flags.c_contiguous
     assert np.array_equal(p[0, 0], b[:, :16])
     assert np.array_equal(p[0, 1, :, :4], b[:, 16:]) and not p[0, 1, :, 4:].any()
-    assert np.array_equal(pack_b(b.T.copy(), GemmSpec("g", 4, 20, 3, b_const=True, trans_b=True)), p)
+    assert np.array_equal(pack_b(b.T.copy(), GemmSpec(4, 20, 3, b_const=True, trans_b=True)), p)
     batched = np.stack([b, b + 100])
-    pb = pack_b(batched, GemmSpec("g", 4, 20, 3, batch=2, b_batch_stride=60, c_batch_stride=80, b_const=True))
+    pb = pack_b(batched, GemmSpec(4, 20, 3, batch=2, b_batch_stride=60, c_batch_stride=80, b_const=True))
     assert pb.shape == (2, 2, 3, 16) and np.array_equal(pb[1, 0], b[:, :16] + 100)
 
 
 def test_scratch_slices_are_aligned() -> None:
-    for spec in (GemmSpec("g", 37, 29, 300), GemmSpec("g", 5, 21, 70, trans_a=True), GemmSpec("g", 1, 19, 9)):
+    for spec in (GemmSpec(37, 29, 300), GemmSpec(5, 21, 70, trans_a=True), GemmSpec(1, 19, 9)):
         one = scratch_bytes(spec, 1)
         assert one % 64 == 0 and scratch_bytes(spec, 3) == 3 * one
 
@@ -366,12 +371,12 @@ def test_scratch_slices_are_aligned() -> None:
 @pytest.mark.skipif(not X86, reason="x86 compile check")
 def test_avx512_compiles(tmp_path: Path) -> None:
     # No AVX-512 to run it on here: check it renders to warning-free C for -march=x86-64-v4.
-    specs = [GemmSpec("g_z", 29, 45, 70, isa="avx512"), GemmSpec("g_zc", 3, 100, 70, b_const=True, trans_a=True,
-                                                                  isa="avx512"),
-             GemmSpec("g_zd", 13, 33, 70, batch=2, b_batch_stride=70 * 33, c_batch_stride=13 * 33, isa="avx512")]
+    specs = {"g_z": GemmSpec(29, 45, 70, isa="avx512"), "g_zc": GemmSpec(3, 100, 70, b_const=True, trans_a=True,
+                                                                          isa="avx512"),
+             "g_zd": GemmSpec(13, 33, 70, batch=2, b_batch_stride=70 * 33, c_batch_stride=13 * 33, isa="avx512")}
     src = tmp_path / "z.c"
-    src.write_text("".join(render_gemm(s, EPI, EPI_PARAMS) + f"void *keep_{s.fn} = (void *){s.fn};\n"
-                           for s in specs))
+    src.write_text("".join(render_gemm(plan_gemm(s), fn, EPI, EPI_PARAMS) + f"void *keep_{fn} = (void *){fn};\n"
+                           for fn, s in specs.items()))
     for march in ("-march=x86-64-v4", "-march=x86-64"):  # target attributes make either work
         proc = subprocess.run([CC, *BASE_FLAGS, march, "-c", str(src), "-o", str(tmp_path / "z.o")],
                               capture_output=True, text=True)
@@ -425,19 +430,19 @@ def test_sanitizers(tmp_path: Path) -> None:
     # Run-time B packing, transposes, direct (unpacked) A/B and every edge path under ASan + UBSan, in a
     # standalone program (no Python in the process, so no LD_PRELOAD games).  The avx2 functions carry
     # target attributes, so one baseline-flags build holds both ISAs.
-    specs = []
+    specs = {}
     for isa in RUN_ISAS:
-        specs += [GemmSpec(f"san_a_{isa}", 37, 29, 300, isa=isa),
-                  GemmSpec(f"san_b_{isa}", 5, 21, 70, trans_a=True, isa=isa),
-                  GemmSpec(f"san_c_{isa}", 20, 45, 33, trans_b=True, isa=isa),
-                  GemmSpec(f"san_d_{isa}", 1, 19, 9, isa=isa),
-                  GemmSpec(f"san_e_{isa}", 13, 40, 520, trans_a=True, trans_b=True, isa=isa),
-                  GemmSpec(f"san_f_{isa}", 20, 13, 40, trans_a=True, isa=isa),
-                  GemmSpec(f"san_g_{isa}", 16, 40, 70, isa=isa)]  # short (MR - 1 row) panels
-    src = "".join(render_gemm(s, "v = v + bias[j]; v = (v < 0.0f ? 0.0f : v);", ", const float *restrict bias")
-                  for s in specs) + SAN_MAIN
-    calls = "".join(f'    bad |= check("{s.fn}", {s.fn}, {s.m}, {s.n}, {s.k}, {int(s.trans_a)}, {int(s.trans_b)},'
-                    f" 2, {scratch_bytes(s, 2)});\n" for s in specs)
+        specs |= {f"san_a_{isa}": GemmSpec(37, 29, 300, isa=isa),
+                  f"san_b_{isa}": GemmSpec(5, 21, 70, trans_a=True, isa=isa),
+                  f"san_c_{isa}": GemmSpec(20, 45, 33, trans_b=True, isa=isa),
+                  f"san_d_{isa}": GemmSpec(1, 19, 9, isa=isa),
+                  f"san_e_{isa}": GemmSpec(13, 40, 520, trans_a=True, trans_b=True, isa=isa),
+                  f"san_f_{isa}": GemmSpec(20, 13, 40, trans_a=True, isa=isa),
+                  f"san_g_{isa}": GemmSpec(16, 40, 70, isa=isa)}  # short (MR - 1 row) panels
+    src = "".join(render_gemm(plan_gemm(s), fn, "v = v + bias[j]; v = (v < 0.0f ? 0.0f : v);",
+                              ", const float *restrict bias") for fn, s in specs.items()) + SAN_MAIN
+    calls = "".join(f'    bad |= check("{fn}", {fn}, {s.m}, {s.n}, {s.k}, {int(s.trans_a)}, {int(s.trans_b)},'
+                    f" 2, {scratch_bytes(s, 2)});\n" for fn, s in specs.items())
     src += f"int main(void)\n{{\n    int bad = 0;\n{calls}    if (!bad) puts(\"OK\");\n    return bad;\n}}\n"
     (tmp_path / "san.c").write_text(src)
     exe = tmp_path / "san"
@@ -454,8 +459,8 @@ def test_sanitizers(tmp_path: Path) -> None:
 
 def test_two_isas_one_translation_unit(tmp_path: Path) -> None:
     # Helpers are prefixed per function, so several GEMMs, even of different ISAs, can share one C file.
-    src = render_gemm(GemmSpec("first", 9, 20, 30, isa=NATIVE)) + render_gemm(GemmSpec("second", 9, 20, 30,
-                                                                                    isa="generic", b_const=True))
+    src = render_gemm(plan_gemm(GemmSpec(9, 20, 30, isa=NATIVE)), "first") + render_gemm(
+        plan_gemm(GemmSpec(9, 20, 30, isa="generic", b_const=True)), "second")
     src += "void *keep[2] = {(void *)first, (void *)second};\n"
     (tmp_path / "two.c").write_text(src)
     proc = subprocess.run([CC, *BASE_FLAGS, *ISA_FLAGS["generic"], "-c", str(tmp_path / "two.c"), "-o",
@@ -464,9 +469,9 @@ def test_two_isas_one_translation_unit(tmp_path: Path) -> None:
 
 
 def test_render_is_plain_c_function() -> None:
-    spec = GemmSpec("my_gemm", 10, 20, 30)
-    src = render_gemm(spec, "v = v * scale;", ", float scale")
+    plan = plan_gemm(GemmSpec(10, 20, 30))
+    src = render_gemm(plan, "my_gemm", "v = v * scale;", ", float scale")
     assert ("static void my_gemm(const float *restrict A, const float *restrict B, float *restrict C,\n"
             "    float *restrict scratch, size_t task, size_t ntasks, float scale)") in src
     assert "v = v * scale;" in src
-    assert "v = v" not in render_gemm(spec)  # no epilogue -> no extra pass
+    assert "v = v" not in render_gemm(plan, "my_gemm")  # no epilogue -> no extra pass

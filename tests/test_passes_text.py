@@ -9,6 +9,7 @@ the kernels list that ``fuse`` adds is compared as written.
 
 from __future__ import annotations
 
+import dataclasses
 import textwrap
 
 import numpy as np
@@ -18,6 +19,7 @@ from aotc.errors import AotcError
 from aotc.ir.graph import Graph
 from aotc.passes.fuse import kernels_text
 from aotc.passes.pipeline import DEFAULT_PASSES, run_passes
+from aotc.target import for_isa
 
 PASSES = {p.name: p for p in DEFAULT_PASSES}
 
@@ -532,6 +534,57 @@ def test_fuse_gives_outputs_that_alias_an_input_a_copy() -> None:
         kernels:
           k0_copy [loop] ops=Copy -> y: float32[6]
           k1_copy [loop] ops=Copy -> x: float32[2,3]""")
+
+
+# -- schedule and plan_memory ----------------------------------------------------------------------------
+SCHEDULED = """
+    graph g {
+      input %a: float32[64,300]
+      input %b: float32[300,127]
+      input %x: float32[2,1048576]
+      input %i: float32[1,4,16,16]
+      %mm: float32[64,127] = MatMul(%a, %b)
+      %y: float32[64,127] = Relu(%mm)
+      %axes: int64[1] = constant [1]
+      %s: float32[2] = ReduceSum(%x, %axes) _opset=17 keepdims=0
+      %w: float32[8,4,1,1] = constant [1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4, 5, 6, 7, 8,
+                                       1, 2, 3, 4, 5, 6, 7, 8]
+      %c: float32[1,8,16,16] = Conv(%i, %w) _opset=17
+      return %y, %s, %c
+    }"""
+
+
+def scheduled(isa: str) -> Graph:
+    return run_passes(Graph.from_text(textwrap.dedent(SCHEDULED)), [PASSES["fuse"], PASSES["schedule"]],
+                      target=for_isa(isa))
+
+
+def test_schedule_plans_each_kernel_for_the_target() -> None:
+    """A GEMM with a run-time B gets AVX2's 6x16 register tiles and a K block whose B micro-panel fits
+    half of L1 (150 x 16 floats), packing B per task; a full reduction over 2**20 elements per output
+    is cut into 16 chunks of 2**16; a 1x1 conv takes the rows path."""
+    assert kernels_text(scheduled("avx2")).splitlines() == [
+        "kernels:",
+        "  k0_matmul_relu [gemm] ops=MatMul+Relu -> y: float32[64,127]",
+        "    plan: up to 302 tasks; gemm 64x127x300 on avx2 6x16 tiles, KC=150 MC=66 NC=128, A in place, "
+        "B packed, tasks split columns; scratch 76800 bytes per task",
+        "  k1_reducesum [loop] ops=ReduceSum -> s: float32[2]",
+        "    plan: up to 256 tasks; 16 chunks per output (256 bytes of partials)",
+        "  k2_conv [conv] ops=Conv -> c: float32[1,8,16,16]",
+        "    plan: one task; conv rows"]
+    gemm = scheduled("avx512").kernels[0].plan.gemm
+    assert (gemm.isa.mr, gemm.isa.nr, gemm.kc) == (12, 32, 100)  # 32-wide panels: a shorter K block
+
+
+def test_plan_memory_takes_scratch_and_partials_from_the_plans() -> None:
+    """The memory planner places what the kernels' plans ask for, whatever decided it."""
+    g = scheduled("avx2")
+    gemm, red, _ = g.kernels
+    gemm.plan = dataclasses.replace(gemm.plan, scratch_bytes=1000)
+    red.plan = dataclasses.replace(red.plan, partials_bytes=100)
+    run_passes(g, [PASSES["plan_memory"]])
+    assert g.memory.scratch_per_task == 1024 and list(g.memory.scratch) == [gemm.index]  # 64-byte aligned
+    assert g.memory.partials[red.index].size == 128 and g.memory.workspace_bytes == 128 + 1024
 
 
 # -- the pipeline ----------------------------------------------------------------------------------------

@@ -19,17 +19,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from aotc.codegen import gemm as gemm_gen
+from aotc.codegen.gemm import render_gemm
 from aotc.codegen.loops import Access, Emitter, emit_loop_kernel, identity_map
 from aotc.errors import AotcError
 from aotc.ir import dtypes
-from aotc.ir.graph import Graph, Node, Value
+from aotc.ir.graph import Graph, Value
 from aotc.ir.kernel import Kernel
 from aotc.ops import OPS
 from aotc.ops import conv as conv_ops
 from aotc.ops import norm as norm_ops
 from aotc.ops.conv import expand_depthwise
-from aotc.ops.linalg import gemm_batch_strides
+from aotc.ops.gemm_plan import pack_b
 from aotc.target import Target
 
 
@@ -94,53 +94,15 @@ def _external(k: Kernel) -> tuple[list[tuple[Value, str]], list[str], dict[int, 
     return args, names, ptrs
 
 
-def matmul_spec(mm: Node, target: Target, fn: str = "gemm") -> gemm_gen.GemmSpec | None:
-    """The GEMM template's spec for MatMul node ``mm``; None when the naive loop computes it (other
-    dtypes, empty operands, batch dims that broadcast on both sides)."""
-    strides = gemm_batch_strides(mm)
-    if strides is None:
-        return None
-    a, b = mm.inputs[0], mm.inputs[1]
-    m, kk = a.shape[-2:]
-    n = b.shape[-1]
-    nb = int(np.prod(mm.outputs[0].shape[:-2]))
-    return gemm_gen.GemmSpec(fn=fn, m=m, n=n, k=kk, batch=nb, a_batch_stride=strides[0],
-                             b_batch_stride=strides[1], c_batch_stride=m * n if nb > 1 else 0,
-                             b_const=b.is_const, isa=target.isa.name, l1d_bytes=target.l1d_bytes,
-                             l2_bytes=target.l2_bytes)
-
-
-def gemm_spec(k: Kernel, target: Target, fn: str = "gemm") -> gemm_gen.GemmSpec | None:
-    """The GEMM template's spec for a MatMul kernel; None when the naive loop is used."""
-    assert k.gemm is not None
-    return matmul_spec(k.gemm, target, fn)
-
-
-def scratch_bytes(k: Kernel, target: Target, ntasks: int) -> int:
-    if k.kind == "conv" and k.expand is not None:
-        assert k.conv is not None
-        geo = conv_ops.geometry
-        return expand_depthwise.scratch_floats(geo(k.expand), geo(k.conv), target) * 4 * ntasks
-    if k.kind == "conv":
-        assert k.conv is not None
-        path = conv_ops.conv_path(k.conv, target)
-        return conv_ops.conv_scratch_floats(conv_ops.geometry(k.conv), path, target) * 4 * ntasks
-    if k.kind == "op":
-        fn = OPS[k.root.op].scratch
-        return 0 if fn is None else fn(k.root) * ntasks
-    if k.kind != "gemm":
-        return 0
-    spec = gemm_spec(k, target)
-    return 0 if spec is None else gemm_gen.scratch_bytes(spec, ntasks)
-
-
 def emit_kernel(k: Kernel, fn: str, target: Target) -> KernelSource:
+    """Kernel ``k`` as the C function ``fn``, written as its plan (``k.plan``, from the schedule step) says."""
+    assert k.plan is not None, "the schedule step plans every kernel before codegen"
     if k.kind == "loop":
         args, names, ptrs = _external(k)
         body, finish = emit_loop_kernel(k, ptrs)
         return _function(fn, k, args, names, body, scratch=finish is not None, finish=finish)
     if k.kind == "gemm":
-        return _emit_gemm(k, fn, target)
+        return _emit_gemm(k, fn)
     if k.kind == "conv":
         return _emit_conv(k, fn, target)
     if k.root.op == "LayerNormalization" and len(k.nodes) > 1:  # its input chain fused (passes/fuse.py)
@@ -153,21 +115,22 @@ def emit_kernel(k: Kernel, fn: str, target: Target) -> KernelSource:
     args = [(v, "in") for v in ins] + [(v, "out") for v in node.outputs]
     names = [f"in{i}" for i in range(len(ins))] + [f"out{i}" for i in range(len(node.outputs))]
     body = op.emit(node, names[:len(ins)], names[len(ins):], dtypes.c_type(node.outputs[0].dtype))
-    return _function(fn, k, args, names, body, scratch=scratch_bytes(k, target, 1) > 0)
+    return _function(fn, k, args, names, body, scratch=k.plan.scratch_bytes > 0)
 
 
-def _emit_gemm(k: Kernel, fn: str, target: Target) -> KernelSource:
+def _emit_gemm(k: Kernel, fn: str) -> KernelSource:
     mm = k.gemm
-    assert mm is not None
+    assert mm is not None and k.plan is not None
     a, b = mm.inputs[0], mm.inputs[1]
     out = k.outputs[0]
-    spec = gemm_spec(k, target, fn=f"{fn}_gemm")
+    plan = k.plan.gemm
     args, names, ptrs = _external(k)
-    if spec is None:
+    if plan is None:
         return _naive_matmul(k, fn, args, names, ptrs)
+    spec, gemm_fn = plan.spec, f"{fn}_gemm"
     epi_lines, epi_params = _epilogue(k, ptrs)
     if spec.b_const:
-        packed = Graph.constant(gemm_gen.pack_b(b.const, spec), f"{b.name}_packed")
+        packed = Graph.constant(pack_b(b.const, spec), f"{b.name}_packed")
         args.append((packed, "in"))
         names.append("in_packed")
         b_name = "in_packed"
@@ -175,14 +138,13 @@ def _emit_gemm(k: Kernel, fn: str, target: Target) -> KernelSource:
         b_name = ptrs[id(b)]
     gemm_args = [ptrs[id(a)], b_name, ptrs[id(out)], "scratch", "task", "ntasks"]
     if epi_lines is None:
-        helpers = gemm_gen.render_gemm(spec)
-        body = f"{spec.fn}({', '.join(gemm_args)});"
+        helpers = render_gemm(plan, gemm_fn)
+        body = f"{gemm_fn}({', '.join(gemm_args)});"
     else:
-        helpers = gemm_gen.render_gemm(spec, epilogue=" ".join(epi_lines),
-                                       extra_params="".join(f", {p}" for p, _ in epi_params))
-        body = f"{spec.fn}({', '.join(gemm_args + [n for _, n in epi_params])});"
-    return _function(fn, k, args, names, body, scratch=gemm_gen.scratch_bytes(spec, 1) > 0,
-                     helpers=helpers + "\n")
+        helpers = render_gemm(plan, gemm_fn, epilogue=" ".join(epi_lines),
+                              extra_params="".join(f", {p}" for p, _ in epi_params))
+        body = f"{gemm_fn}({', '.join(gemm_args + [n for _, n in epi_params])});"
+    return _function(fn, k, args, names, body, scratch=k.plan.scratch_bytes > 0, helpers=helpers + "\n")
 
 
 def _epilogue(k: Kernel, ptrs: dict[int, str]) -> tuple[list[str] | None, list[tuple[str, str]]]:
@@ -307,7 +269,7 @@ def _emit_conv(k: Kernel, fn: str, target: Target) -> KernelSource:
         packed = "in_packed"
     bname = ptrs[id(b)] if b is not None else None
     helpers, body = op.emit(node, ptrs[id(x)], ptrs[id(w)], bname, ptrs[id(out)], target, fn, epi, packed)
-    return _function(fn, k, args, names, body, scratch=scratch_bytes(k, target, 1) > 0, helpers=helpers)
+    return _function(fn, k, args, names, body, scratch=k.plan.scratch_bytes > 0, helpers=helpers)
 
 
 def _emit_expand_depthwise(k: Kernel, fn: str, target: Target, args: list[tuple[Value, str]], names: list[str],

@@ -18,7 +18,6 @@ from aotc.errors import RUN_ERRORS
 from aotc.ir import dtypes
 from aotc.ir.graph import Graph, Value
 from aotc.passes.fuse import storage_root
-from aotc.passes.memory import MAX_TASKS
 from aotc.resources import runtime_dir, templates_dir
 from aotc.target import Target
 
@@ -27,17 +26,6 @@ if TYPE_CHECKING:
 
 API = '__attribute__((visibility("default"))) '
 KERNELS_PER_FILE = 24
-# A task should have at least this much work (elements touched + flops): waking a thread costs a
-# microsecond or two, about what this much work takes.
-TASK_WORK = 1 << 14
-
-
-def max_tasks(k) -> int:
-    """How many tasks kernel ``k`` may be split into; 1 keeps a small kernel on the calling thread."""
-    from aotc.ops.cost import node_flops
-
-    work = sum(node_flops(n) for n in k.nodes) + sum(v.size for v in (*k.inputs, *k.outputs))
-    return max(1, min(MAX_TASKS, work // TASK_WORK))
 
 
 @lru_cache(maxsize=1)
@@ -278,7 +266,7 @@ def _calls(entry: Entry, prefix: str, name: str, blob: _Blob, lib: Library, targ
             args.append(f"(void *)(ws + {plan.scratch_offset}) /* scratch, one slot per task */")
         if src.status:
             args.append("(void *)&status")
-        calls.append({"fn": src.fn, "finish": src.finish, "args": args, "name": k.name, "max_tasks": max_tasks(k),
+        calls.append({"fn": src.fn, "finish": src.finish, "args": args, "name": k.name, "max_tasks": k.plan.tasks,
                       "comment": comment(f"{k.name}: {' + '.join(k.ops)}", 100), "status": src.status})
     return calls
 

@@ -11,7 +11,8 @@ Reductions accumulate into LANES independent partial results (combined pairwise 
 compiler vectorizes that without -ffast-math, and the result does not depend on the target ISA.
 
 A reduction with too few outputs to feed the threads (a full reduction has one) is split into
-chunks of its outermost reduced loop, their number fixed by the sizes alone: tasks take chunks and
+chunks of its outermost reduced loop, their number fixed by the sizes alone (the kernel's plan,
+aotc/passes/schedule.py): tasks take chunks and
 write each one's partial result to a workspace buffer (``scratch`` in the kernel), then a second
 function, run once after all tasks, combines each output's partials in chunk order. The bits never
 depend on the thread count.
@@ -35,11 +36,6 @@ from aotc.ops.reduce import reduce_axes
 from aotc.ops.shape import IndexMap, broadcast_view
 
 LANES = 16
-# Split a reduction into chunks when it has fewer outputs than this; chunks hold at least CHUNK
-# reduced elements, at most MAX_CHUNKS per output.
-FEW_OUTPUTS = 16
-CHUNK = 1 << 16
-MAX_CHUNKS = 64
 
 
 @dataclass
@@ -115,24 +111,6 @@ class Emitter:
 
 def identity_map(rank: int) -> IndexMap:
     return tuple((d, 1, 0) for d in range(rank))
-
-
-def reduction_chunks(k: Kernel) -> int:
-    """How many chunks each output of ``k``'s reduction is split into; 1: not split."""
-    red = k.reduce
-    if red is None:
-        return 1
-    n_out = red.outputs[0].size
-    if n_out == 0 or n_out >= FEW_OUTPUTS:
-        return 1
-    return max(1, min(MAX_CHUNKS, red.inputs[0].size // n_out // CHUNK))
-
-
-def partials_bytes(k: Kernel) -> int:
-    """Workspace bytes for the partial results of a split reduction (one buffer, shared by the tasks)."""
-    chunks = reduction_chunks(k)
-    assert k.reduce is not None or chunks == 1
-    return 0 if chunks == 1 else k.reduce.outputs[0].size * chunks * 8  # no compute type is wider
 
 
 def emit_loop_kernel(k: Kernel, ptrs: dict[int, str]) -> tuple[str, str | None]:
@@ -296,7 +274,8 @@ def emit_loop_kernel(k: Kernel, ptrs: dict[int, str]) -> tuple[str, str | None]:
             code.append(f"{indent}for (size_t l = 0; l < {w}; l++) acc[l] = {combine('acc[l]', f'acc[l + {w}]')};")
             w //= 2
 
-    chunks = reduction_chunks(k)
+    assert k.plan is not None
+    chunks = k.plan.chunks
     if chunks == 1:
         open_kept()
         accumulate("0", str(ext(red_groups[0])) if red_groups else "1")
@@ -311,7 +290,7 @@ def emit_loop_kernel(k: Kernel, ptrs: dict[int, str]) -> tuple[str, str | None]:
     if len(red_groups) == 1:  # chunks start on whole lane groups
         step = -(-step // lanes) * lanes
     chunks = -(-e0 // step)
-    assert chunks <= reduction_chunks(k), "partials_bytes sized the buffer for reduction_chunks"
+    assert chunks <= k.plan.chunks, "the schedule sized the partials for plan.chunks"
     total = n_out * chunks
     lo, hi = task_share(total)
     code.append(f"const size_t lo = {lo}, hi = {hi};")

@@ -1,11 +1,43 @@
 """Kernels: the unit of generated code. The fusion pass (aotc/passes/fuse.py) decides which nodes a
-kernel holds; codegen writes each as one C function (aotc/codegen/kernels.py)."""
+kernel holds, the schedule step (aotc/passes/schedule.py) how it runs on the target (its ``KernelPlan``);
+the memory planner sizes its scratch from the plan and codegen writes it as one C function
+(aotc/codegen/kernels.py) following the plan."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from aotc.ir.graph import Node, Value
+
+if TYPE_CHECKING:
+    from aotc.ops.gemm_plan import GemmPlan
+
+
+@dataclass(frozen=True)
+class KernelPlan:
+    """How one kernel runs on its target, decided once, before memory planning and codegen."""
+
+    tasks: int = 1               # the most tasks its work is split into (1: it runs on the calling thread)
+    scratch_bytes: int = 0       # per-task scratch (packing buffers, padded planes); one slot per thread
+    chunks: int = 1              # loop kernels: chunks each output of the reduction is split into
+    partials_bytes: int = 0      # loop kernels: the chunks' partial results, one buffer its tasks share
+    conv_path: str | None = None  # conv kernels: "winograd", "rows", "tiled", "depthwise", "generic",
+    #                               or "expand_depthwise" (a depthwise conv computing its 1x1 input)
+    gemm: GemmPlan | None = None  # gemm kernels: the GEMM template's blocking; None: the naive loop
+
+    def describe(self) -> str:
+        """One line for the dumps."""
+        parts = ["one task" if self.tasks == 1 else f"up to {self.tasks} tasks"]
+        if self.conv_path:
+            parts.append(f"conv {self.conv_path}")
+        if self.gemm is not None:
+            parts.append(self.gemm.describe())
+        if self.chunks > 1:
+            parts.append(f"{self.chunks} chunks per output ({self.partials_bytes} bytes of partials)")
+        if self.scratch_bytes:
+            parts.append(f"scratch {self.scratch_bytes} bytes per task")
+        return "; ".join(parts)
 
 
 @dataclass(eq=False)
@@ -18,6 +50,7 @@ class Kernel:
     conv: Node | None = None       # conv kernels: the Conv
     expand: Node | None = None     # conv kernels: a 1x1 Conv computed inside, feeding ``conv``
     index: int = 0
+    plan: KernelPlan | None = None  # set by the schedule step
     # The input whose buffer this kernel overwrites (an in-place update, Graph.add_update): its output
     # and that input share memory, each element read before it is written (passes/fuse.py).
     inplace: Value | None = None

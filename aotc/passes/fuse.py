@@ -211,8 +211,11 @@ def _grow(k: Kernel, users: dict[int, list[Node]], fetched: set[int], owner: dic
 
 
 def kernels_text(graph: Graph) -> str:
+    """The kernels in execution order, one line each, with its plan below once scheduled."""
     lines = ["kernels:"]
     for k in graph.kernels:
         outs = ", ".join(f"{v.name}: {v.type_str()}" for v in k.outputs)
         lines.append(f"  {k.name} [{k.kind}] ops={'+'.join(k.ops)} -> {outs}")
+        if k.plan is not None:
+            lines.append(f"    plan: {k.plan.describe()}")
     return "\n".join(lines) + "\n"

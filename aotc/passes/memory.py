@@ -8,8 +8,8 @@ it replaces.
 Kernel scratch (e.g. GEMM packing buffers) is needed only while its kernel runs, once per task. It
 lives after the tensors: one slot per thread, each as large as the largest per-task scratch, so the
 workspace for ``n`` threads is ``scratch_offset + n * scratch_per_task`` bytes. The partial results
-of a reduction split into chunks (aotc/codegen/loops.py) are shared by its tasks: they are placed
-like a tensor that lives while its kernel runs.
+of a reduction split into chunks are shared by its tasks: they are placed like a tensor that lives
+while its kernel runs. Both sizes come from the kernels' plans (aotc/passes/schedule.py).
 
 Sizes are checked here, where they are still exact Python integers: the generated C computes every
 size, offset and index in ``size_t``, so a plan that does not fit ``MAX_BYTES`` is refused rather
@@ -26,7 +26,6 @@ import numpy as np
 from aotc.errors import AotcError
 from aotc.ir.graph import Graph, Value
 from aotc.passes.fuse import storage_root
-from aotc.target import Target
 
 ALIGN = 64
 
@@ -35,7 +34,7 @@ ALIGN = 64
 # every product the generated C computes -- a byte count, an element offset times a stride, a loop
 # bound times a task count (at most MAX_TASKS) -- far below PTRDIFF_MAX (2**63 - 1), so none wraps.
 MAX_BYTES = 1 << 48
-# The most tasks a kernel is split into (aotc/codegen/library.py), hence the most per-thread scratch
+# The most tasks a kernel is split into (aotc/passes/schedule.py), hence the most per-thread scratch
 # slots a run uses: the workspace is checked for this many threads.
 MAX_TASKS = 1024
 
@@ -95,11 +94,8 @@ class MemoryPlan:
                 f"(+{len(self.scratch)} scratch) totalling {self.intermediate_bytes} bytes")
 
 
-def plan_memory(graph: Graph, target: Target) -> bool:
-    """Place ``graph``'s buffers (``graph.memory``); kernel scratch is sized for ``target``'s kernels."""
-    from aotc.codegen.kernels import scratch_bytes
-    from aotc.codegen.loops import partials_bytes
-
+def plan_memory(graph: Graph) -> bool:
+    """Place ``graph``'s buffers (``graph.memory``), with the scratch and partials its kernels' plans ask."""
     plan = MemoryPlan()
     outputs = {id(storage_root(v)) for v in graph.outputs}
     roots: dict[int, Value] = {}
@@ -114,12 +110,11 @@ def plan_memory(graph: Graph, target: Target) -> bool:
             b = plan.buffers.get(id(storage_root(v)))
             if b is not None:
                 b.last = max(b.last, k.index)
-        size = scratch_bytes(k, target, 1)
-        if size:
-            plan.scratch[k.index] = Buffer(f"scratch_{k.name}", _align(size), k.index, k.index)
-        size = partials_bytes(k) if k.kind == "loop" else 0
-        if size:
-            plan.partials[k.index] = Buffer(f"partials_{k.name}", _align(size), k.index, k.index)
+        assert k.plan is not None, "the schedule step plans every kernel before memory planning"
+        if k.plan.scratch_bytes:
+            plan.scratch[k.index] = Buffer(f"scratch_{k.name}", _align(k.plan.scratch_bytes), k.index, k.index)
+        if k.plan.partials_bytes:
+            plan.partials[k.index] = Buffer(f"partials_{k.name}", _align(k.plan.partials_bytes), k.index, k.index)
 
     placed: list[Buffer] = []
     for b in sorted([*plan.buffers.values(), *plan.partials.values()], key=lambda b: (-b.size, b.first, b.name)):

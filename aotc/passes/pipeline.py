@@ -1,7 +1,7 @@
 """Runs named passes in order, verifying the graph after each and dumping it when asked.
 
 A pass is a function ``Graph -> bool`` (changed or not), in the manner of XLA's HloPassPipeline; a pass
-whose decisions depend on what the code is compiled for (fusion, memory planning) also takes the
+whose decisions depend on what the code is compiled for (fusion, the schedule) also takes the
 ``Target``, and says so.
 """
 
@@ -13,12 +13,13 @@ from pathlib import Path
 
 from aotc.dump import write_dumps, write_summary
 from aotc.ir.graph import Graph
-from aotc.passes.fuse import fuse
+from aotc.passes.fuse import fuse, kernels_text
 from aotc.passes.layout import optimize_layout
 from aotc.passes.memory import plan_memory
 from aotc.passes.patterns import rewrite_patterns
 from aotc.passes.propagate import propagate
 from aotc.passes.prune import prune
+from aotc.passes.schedule import schedule
 from aotc.passes.simplify import simplify
 from aotc.passes.widen import widen_emulated
 from aotc.target import Target, for_isa
@@ -53,7 +54,8 @@ DEFAULT_PASSES = [
     Pass("prune_again", prune),
     Pass("widen_emulated", widen_emulated),  # Casts around non-loop ops on bfloat16, float8, int4, ...
     Pass("fuse", fuse, uses_target=True),
-    Pass("plan_memory", plan_memory, uses_target=True),
+    Pass("schedule", schedule, uses_target=True),  # each kernel's plan: tasks, conv path, GEMM blocking, ...
+    Pass("plan_memory", plan_memory),
 ]
 
 
@@ -75,7 +77,6 @@ def run_passes(graph: Graph, passes: list[Pass] | None = None, dump_dir: Path | 
         if dump_dir is not None:
             text = graph.to_text()
             if graph.kernels:
-                from aotc.passes.fuse import kernels_text
                 text += "\n" + kernels_text(graph)
             suffix = "" if changed else "  # unchanged"
             (dump_dir / f"{i:02d}_{p.name}.txt").write_text(f"# after {p.name}{suffix}\n" + text)
