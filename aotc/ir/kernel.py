@@ -54,7 +54,6 @@ class Kernel:
     # The input whose buffer this kernel overwrites (an in-place update, Graph.add_update): its output
     # and that input share memory, each element read before it is written (passes/fuse.py).
     inplace: Value | None = None
-    plan: KernelPlan | None = None  # set by the schedule step
 
     @property
     def outputs(self) -> list[Value]:
