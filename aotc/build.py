@@ -93,7 +93,35 @@ def _build_id_source(name: str) -> str:
     return f"{name}_build_id.c"
 
 
+# nvcc's options for --target cuda, beside the target's -gencode list: C++17 (nvcc's default since CUDA 11,
+# spelled out), no fast math (IEEE NaN, infinity, signed zero and division, as the C library).
+BASE_CUFLAGS = ["-O3", "-std=c++17", "-Xcompiler", "-fPIC,-fvisibility=hidden"]
+
+
+def _cuda_ninja_file(lib: Library, target: Target, extra_cflags: list[str] | None) -> str:
+    """--target cuda: nvcc compiles the .cu sources and links; the host C compiler the build id and the
+    weights blob (.S). ``extra_cflags`` and CUDAFLAGS go to nvcc."""
+    cuflags = BASE_CUFLAGS + list(target.flags) + (extra_cflags or []) + shlex.split(os.environ.get("CUDAFLAGS", ""))
+
+    def obj(fname: str) -> dict:
+        stem, ext = fname.rsplit(".", 1)
+        return {"src": fname, "obj": f"obj/{stem}.o", "rule": "cu" if ext == "cu" else "cc",
+                "implicit": f"{stem}.bin" if ext == "S" else ""}
+
+    in_programs = {f for srcs in lib.programs.values() for f in srcs}
+    sources = sorted({*lib.files, _build_id_source(lib.name)})
+    objects = [obj(f) for f in sources if f.endswith((".c", ".cu", ".S")) and f not in in_programs]
+    programs = [{"exe": exe, "objects": [obj(f) for f in srcs]} for exe, srcs in sorted(lib.programs.items())]
+    return env().get_template("cuda/build.ninja.j2").render(
+        name=lib.name, version=__version__, nvcc=shlex.quote(target.cc), cc=os.environ.get("CC") or "cc",
+        ar=target.ar, cuflags=" ".join(shlex.quote(f) for f in cuflags),
+        cflags="-O2 -fPIC -fvisibility=hidden", ldflags=os.environ.get("LDFLAGS", ""), objects=objects,
+        programs=programs)
+
+
 def ninja_file(lib: Library, target: Target, extra_cflags: list[str] | None = None) -> str:
+    if target.is_cuda:
+        return _cuda_ninja_file(lib, target, extra_cflags)
     cflags = BASE_CFLAGS + list(target.flags) + (extra_cflags or []) + shlex.split(os.environ.get("CFLAGS", ""))
     def obj(fname: str) -> dict:
         return {"src": fname, "obj": f"obj/{fname[:-2]}.o",
@@ -201,7 +229,8 @@ class StagedBuild:
         kernels that are gone, objects, programs no longer asked for, interrupted temporaries)."""
         keep = {*files, "build.ninja", ".ninja_log", ".ninja_deps", "build.log", "obj",
                 f"{self.name}.json", f"{self.name}.cdef", *self.outputs}
-        objects = {f"{f[:-2]}.o{d}" for f in files if f.endswith((".c", ".S")) for d in ("", ".d")}
+        objects = {f"{f.rsplit('.', 1)[0]}.o{d}" for f in files if f.endswith((".c", ".cu", ".S"))
+                   for d in ("", ".d")}
         for path in self.dir.iterdir():
             if path.name not in keep and not path.is_dir():
                 path.unlink()
@@ -370,7 +399,7 @@ def _failure(build_dir: Path, lines: list[str], kernels: Sequence[str], log: Pat
     """One line: the source that failed (and the kernel the first error is in), that error, and
     where the full output is."""
     failed = [_source_of(build_dir, ln.split("FAILED:", 1)[1]) for ln in lines if ln.startswith("FAILED:")]
-    error = next((ln.strip() for ln in lines if "error:" in ln and not ln.startswith("FAILED:")),
+    error = next((ln.strip() for ln in lines if ("error:" in ln or "): error" in ln) and not ln.startswith("FAILED:")),
                  next((ln.strip() for ln in reversed(lines) if ln.strip()), "no output"))
     if len(error) > 300:
         error = error[:297] + "..."
@@ -405,7 +434,7 @@ def _source_of(build_dir: Path, target: str) -> str:
     target = re.sub(r"^\s*\[code=\d+\]\s*", "", target).strip()
     if target.startswith("obj/") and target.endswith(".o"):
         stem = target[4:-2]
-        for ext in (".c", ".S"):
+        for ext in (".c", ".cu", ".S"):
             if (build_dir / (stem + ext)).exists():
                 return str(build_dir / (stem + ext))
     return str(build_dir / target)

@@ -46,6 +46,9 @@ TRIPLES = {
 }
 # Plain C with no intrinsics, built by the host's compiler (CC or cc): what any gcc or clang builds.
 GENERIC = "generic"
+# CUDA C++ for NVIDIA GPUs, built by nvcc (aotc/codegen/cuda): the host code runs on this machine.
+CUDA = "cuda"
+CUDA_ARCHS = ("sm_80", "sm_90")  # Ampere and Hopper: the default --cuda-arch
 
 # Compiler macros of x86 instruction-set extensions -> /proc/cpuinfo's names: the extensions a library
 # built with those flags may execute, so the ones a CPU must have to load it.
@@ -83,6 +86,12 @@ class Target:
     l1d_bytes: int = L1D_BYTES
     l2_bytes: int = L2_BYTES
     qemu: str = field(default="", compare=False)
+    cuda_arch: tuple[str, ...] = ()  # --target cuda: the GPU architectures compiled for (sm_80, ...)
+    tf32: bool = False               # --target cuda: float32 GEMMs and convs may use TF32 tensor cores
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.triple == CUDA
 
     @property
     def arch(self) -> str:
@@ -91,6 +100,8 @@ class Target:
     def summary(self) -> str:
         """One line for the header comment and ``aotc compile -v``."""
         flags = " ".join(self.flags) or "no target flags"
+        if self.is_cuda:
+            return f"cuda {','.join(self.cuda_arch)} ({'TF32' if self.tf32 else 'exact FP32'} GEMM), {self.cc}"
         return f"{self.triple}, --target-cpu {self.cpu} ({flags}), {self.isa.name} kernels, {self.cc}"
 
     def metadata(self) -> dict:
@@ -98,7 +109,8 @@ class Target:
         return {"triple": self.triple, "cpu": self.cpu, "features": list(self.features), "cc": self.cc,
                 "flags": list(self.flags), "sysroot": self.sysroot, "isa": self.isa.name,
                 "machine": self.machine, "requires": list(self.requires),
-                "l1d_bytes": self.l1d_bytes, "l2_bytes": self.l2_bytes}
+                "l1d_bytes": self.l1d_bytes, "l2_bytes": self.l2_bytes,
+                **({"cuda_arch": list(self.cuda_arch), "tf32": self.tf32} if self.is_cuda else {})}
 
     def runner(self) -> list[str] | None:
         """How this machine runs a program built for the target: ``[]`` natively, the qemu-user command
@@ -134,6 +146,8 @@ def host_cpu_features() -> set[str]:
 
 def host_problem(meta: dict) -> str | None:
     """Why this machine cannot load a library whose NAME.json says ``target`` is ``meta``; None if it can."""
+    if meta.get("triple") == CUDA:
+        return None  # its host code runs here; aotc.cuda_bindings says if there is no GPU
     arch = str(meta.get("machine", "")).split("-", 1)[0]
     if arch and arch != host_arch():
         qemu = TRIPLES[meta["triple"]].qemu if meta.get("triple") in TRIPLES else f"qemu-{arch}"
@@ -198,7 +212,8 @@ def _ask_compiler(cc: str, flags: tuple[str, ...]) -> tuple[str, frozenset[str]]
 
 
 def resolve(triple: str | None = None, cpu: str | None = None, features: str | None = None,
-            sysroot: str | None = None, extra_cflags: list[str] | None = None) -> Target:
+            sysroot: str | None = None, extra_cflags: list[str] | None = None,
+            cuda_arch: str | None = None, tf32: bool = False) -> Target:
     """The target for the command line's choices. ``triple`` defaults to this machine's; ``cpu`` to
     ``native`` for this machine's triple (the library then needs a CPU with this one's instruction
     sets) and to ``generic`` (the compiler's baseline for the triple) for any other. The compiler is
@@ -206,8 +221,15 @@ def resolve(triple: str | None = None, cpu: str | None = None, features: str | N
     CPU name other than native, generic and the x86-64 levels, or features, it is asked (with
     ``extra_cflags`` and CFLAGS) which machine it builds for and which ISA its flags enable."""
     triple = triple or host_triple()
+    if triple == CUDA:
+        if cpu or features or sysroot:
+            raise AotcError("--target cuda takes no --target-cpu, --target-features or --sysroot (--cuda-arch "
+                            "chooses the GPUs)")
+        return cuda_target(cuda_arch, tf32)
+    if cuda_arch or tf32:
+        raise AotcError("--cuda-arch and --cuda-tf32 need --target cuda")
     if triple != GENERIC and triple not in TRIPLES and triple != host_triple():
-        raise AotcError(f"unknown --target {triple!r}; choose one of {', '.join([*TRIPLES, GENERIC])}")
+        raise AotcError(f"unknown --target {triple!r}; choose one of {', '.join([*TRIPLES, GENERIC, CUDA])}")
     info = TRIPLES.get(triple)
     host = triple == GENERIC or info is None or info.arch == host_arch()
     cpu = cpu or ("native" if host and triple != GENERIC else "generic")
@@ -284,6 +306,52 @@ def _ask(cc: str, flags: list[str], extra_cflags: list[str] | None, host: bool, 
         raise AotcError(f"{e}: install a cross compiler for {triple} (Debian: gcc-{triple.replace('_', '-')}) "
                         "or set CC") from None
     return machine, set(macros)
+
+
+def find_nvcc() -> str:
+    """nvcc: CUDACXX, else on PATH, else /usr/local/cuda/bin, else the one pip's nvidia-cuda-nvcc wheel installs
+    (site-packages/nvidia/cu13/bin, which ``pip install '.[test]'`` brings)."""
+    env = os.environ.get("CUDACXX")
+    if env:
+        return env
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    candidates = [Path("/usr/local/cuda/bin/nvcc")]
+    try:
+        import nvidia  # the namespace package of NVIDIA's wheels
+
+        candidates += [Path(p) / "cu13" / "bin" / "nvcc" for p in nvidia.__path__]
+    except ImportError:
+        pass
+    for c in candidates:
+        if c.is_file() and os.access(c, os.X_OK):
+            return str(c)
+    raise AotcError("nvcc not found for --target cuda: set CUDACXX, put nvcc on PATH, install the CUDA toolkit "
+                    "in /usr/local/cuda, or pip install nvidia-cuda-nvcc nvidia-cuda-runtime")
+
+
+_SM = re.compile(r"^sm_(\d{2,3})a?$")
+
+
+def cuda_target(arch: str | None = None, tf32: bool = False) -> Target:
+    """The CUDA target: kernels for ``arch`` (``"sm_90,sm_80"``; default sm_80 and sm_90), each as SASS plus the
+    newest one's PTX for GPUs that come later. Its ``isa`` (portable C) and cache sizes only steer the shared
+    passes; an L2 of 0 keeps the CPU's expand-depthwise conv fusion off, which the GPU emitter does not write."""
+    archs = tuple(a.strip() for a in (arch or ",".join(CUDA_ARCHS)).split(",") if a.strip())
+    for a in archs:
+        m = _SM.match(a)
+        if not m or int(m.group(1)) < 70:
+            raise AotcError(f"--cuda-arch: expected sm_70 or newer (sm_80, sm_90, ...), got {a!r}")
+    if not archs:
+        raise AotcError("--cuda-arch: no architecture given")
+    if tf32 and min(int(_SM.match(a).group(1)) for a in archs) < 80:  # type: ignore[union-attr]
+        raise AotcError("--cuda-tf32 needs tensor cores with TF32: sm_80 or newer for every --cuda-arch")
+    archs = tuple(sorted(dict.fromkeys(archs), key=lambda a: int(_SM.match(a).group(1))))  # type: ignore[union-attr]
+    flags = [f"-gencode=arch=compute_{a[3:]},code={a}" for a in archs]
+    flags.append(f"-gencode=arch=compute_{archs[-1][3:]},code=compute_{archs[-1][3:]}")
+    return Target(CUDA, "generic", (), find_nvcc(), os.environ.get("AR") or "ar", tuple(flags), None,
+                  ISAS["generic"], host_triple(), l2_bytes=0, cuda_arch=archs, tf32=tf32)
 
 
 def for_isa(isa: str = "generic") -> Target:

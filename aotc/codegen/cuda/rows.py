@@ -1,0 +1,161 @@
+"""Row kernels on the GPU: Softmax, LogSoftmax and LayerNormalization, one warp per row (a row of n
+elements spaced ``inner`` apart); the row's max and sums are combined by warp shuffles in a fixed order.
+LayerNormalization takes its fused input chain (passes/fuse.py: a GELU, a bias, a residual add) as a
+device function of (row, k), so the chain's output is never written. Pooling (MaxPool, AveragePool) is one
+thread per output.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from aotc.codegen.cuda.common import (
+    MAX_BLOCKS,
+    THREADS,
+    CudaKernel,
+    Unsupported,
+    affine,
+    ceil_div,
+    decompose,
+    external,
+    index_type,
+    params,
+)
+from aotc.codegen.loops import Emitter, identity_map
+from aotc.ir.kernel import Kernel
+from aotc.ops import norm as norm_ops
+from aotc.ops.common import c_literal
+from aotc.ops.conv import geometry
+from aotc.ops.nn import softmax_layout
+
+WARPS = THREADS // 32
+
+
+def _warp_sum(v: str) -> str:
+    return f"for (int m = 16; m >= 1; m /= 2) {v} += aotc_shfl_xor({v}, m);"
+
+
+def _nan_max(v: str, m: str) -> str:
+    """max(v, m) that keeps a NaN (an associative combine: warp shuffles may apply it in any grouping)."""
+    return f"({v} > {m} || {v} != {v}) ? {v} : {m}"
+
+
+def _head(fn: str, args, names) -> str:
+    return f"__global__ void __launch_bounds__({THREADS}) {fn}({', '.join(params(args, names))}) {{"
+
+
+def _row_start(rows: int, idx: str) -> list[str]:
+    return [f"  const {idx} row = ({idx})blockIdx.x * {WARPS} + threadIdx.x / 32;",
+            "  const unsigned lane = threadIdx.x % 32;",
+            f"  if (row >= {rows}) return; /* whole warps leave */"]
+
+
+def emit_softmax(k: Kernel, fn: str) -> CudaKernel:
+    node = k.root
+    if node.outputs[0].dtype != np.float32:
+        raise Unsupported(f"{node.op} on {node.outputs[0].dtype}")
+    outer, n, inner = softmax_layout(node)
+    args, names, _ = external(k)
+    idx = index_type(k)
+    rows = outer * inner
+    log = node.op == "LogSoftmax"
+    at = f"base + i * {inner}"
+    lines = [_head(fn, args, names), *_row_start(rows, idx),
+             f"  const {idx} base = (row / {inner}) * {n * inner} + row % {inner};",
+             "  float m = -INFINITY, s = 0.0f;",
+             f"  for ({idx} i = lane; i < {n}; i += 32) {{ const float v = in0[{at}]; m = {_nan_max('v', 'm')}; }}",
+             f"  for (int d = 16; d >= 1; d /= 2) {{ const float o = aotc_shfl_xor(m, d); m = {_nan_max('o', 'm')}; }}",
+             f"  for ({idx} i = lane; i < {n}; i += 32) s += expf(in0[{at}] - m);",
+             "  " + _warp_sum("s"),
+             (f"  const float log_sum = logf(s);\n  for ({idx} i = lane; i < {n}; i += 32) "
+              f"out0[{at}] = (in0[{at}] - m) - log_sum;" if log else
+              f"  for ({idx} i = lane; i < {n}; i += 32) out0[{at}] = expf(in0[{at}] - m) / s;"),
+             "}"]
+    return CudaKernel(fn, "\n".join(lines) + "\n", args, str(ceil_div(rows, WARPS)))
+
+
+def emit_layernorm(k: Kernel, fn: str) -> CudaKernel:
+    """Mean, then the variance as the mean of squared deviations (two passes, as the CPU kernel), then the
+    normalized row times scale plus bias; Mean and InvStdDev outputs when the node has them."""
+    node = k.root
+    x = node.inputs[0]
+    if x.dtype != np.float32:
+        raise Unsupported(f"LayerNormalization on {x.dtype}")
+    args, names, ptrs = external(k)
+    idx = index_type(k)
+    rank, axis = len(x.shape), norm_ops.ln_axis(node)
+    n = int(np.prod(x.shape[axis:]))
+    rows = int(np.prod(x.shape[:axis]))
+    if n == 0 or rows == 0:
+        raise Unsupported("LayerNormalization of an empty tensor")
+    # The input at (row, k): read from memory, or computed by the fused chain from the row and in-row
+    # indices of each dimension.
+    em = Emitter(k, ptrs, rank)
+    val = em.value(x, identity_map(rank), "body")
+    dims = decompose("row", list(x.shape[:axis]), [f"d{d}" for d in range(axis)], idx) + \
+        decompose("k", list(x.shape[axis:]), [f"d{d}" for d in range(axis, rank)], idx)
+    body = em.render("body", lambda a: affine(a, {d: f"d{d}" for d in range(rank)}))
+    ps = ", ".join(params(args, names))
+    helper = (f"static __device__ __forceinline__ float {fn}_x({ps}, {idx} row, {idx} k) {{\n"
+              + "".join(f"  (void){nm};\n" for nm in names)
+              + "".join(f"  {s}\n" for s in dims + body) + f"  return {val};\n}}\n")
+    call = f"{fn}_x({', '.join(names)}, row, i)"
+    scale, bias = node.inputs[1], node.inputs[2] if len(node.inputs) > 2 else None
+    sname = ptrs[id(scale)]
+    bname = ptrs[id(bias)] if bias is not None else None
+    term = f"(v - mean) * inv * {sname}[i % {scale.size}]" + (f" + {bname}[i % {bias.size}]" if bname else "")
+    eps = c_literal(float(node.attr("epsilon", 1e-5)), "float")
+    outs = [ptrs[id(v)] if v.name else None for v in node.outputs]
+    extra = []
+    if len(outs) > 1 and outs[1]:
+        extra.append(f"{outs[1]}[row] = mean;")
+    if len(outs) > 2 and outs[2]:
+        extra.append(f"{outs[2]}[row] = inv;")
+    lines = [helper + _head(fn, args, names), *_row_start(rows, idx),
+             "  float sum = 0.0f;",
+             f"  for ({idx} i = lane; i < {n}; i += 32) sum += {call};",
+             "  " + _warp_sum("sum"),
+             f"  const float mean = sum / {c_literal(float(n), 'float')};",
+             "  float sq = 0.0f;",
+             f"  for ({idx} i = lane; i < {n}; i += 32) {{ const float d = {call} - mean; sq += d * d; }}",
+             "  " + _warp_sum("sq"),
+             f"  const float inv = 1.0f / sqrtf(sq / {c_literal(float(n), 'float')} + {eps});",
+             f"  for ({idx} i = lane; i < {n}; i += 32) {{ const float v = {call}; "
+             f"{outs[0]}[row * {n} + i] = {term}; }}",
+             *(f"  if (lane == 0) {{ {e} }}" for e in extra),
+             "}"]
+    return CudaKernel(fn, "\n".join(lines) + "\n", args, str(ceil_div(rows, WARPS)))
+
+
+def emit_pool(k: Kernel, fn: str) -> CudaKernel:
+    """MaxPool (one output, no indices) and AveragePool: one thread per output over its window."""
+    node = k.root
+    x = node.inputs[0]
+    if x.dtype != np.float32 or len(node.outputs) > 1 and node.outputs[1].name:
+        raise Unsupported(f"{node.op} on {x.dtype} or with an Indices output")
+    if node.attr("ceil_mode", 0) and node.op == "AveragePool":
+        raise Unsupported("AveragePool with ceil_mode")
+    g = geometry(node)
+    args, names, _ = external(k)
+    idx = index_type(k)
+    total = g.n * g.c * g.out_size
+    mx = node.op == "MaxPool"
+    count_pad = bool(node.attr("count_include_pad", 0))
+    lines = [_head(fn, args, names),
+             f"  for ({idx} e = ({idx})blockIdx.x * {THREADS} + threadIdx.x; e < {total}; "
+             f"e += ({idx})gridDim.x * {THREADS}) {{",
+             f"    const {idx} plane = e / {g.out_size}, pos = e % {g.out_size};",
+             *("    " + s for s in decompose("pos", list(g.out), ["o0", "o1", "o2"], "long long")),
+             f"    float acc = {'-INFINITY' if mx else '0.0f'}; int cnt = 0;",
+             f"    for (int tap = 0; tap < {g.taps}; tap++) {{",
+             *("      " + s for s in decompose("tap", list(g.k), ["t0", "t1", "t2"], "int")),
+             *(f"      const long long x{d} = o{d} * {g.s[d]} - {g.pb[d]} + t{d} * {g.d[d]};" for d in range(3)),
+             "      if (" + " && ".join(f"x{d} >= 0 && x{d} < {g.inp[d]}" for d in range(3)) + ") {",
+             f"        const float v = in0[plane * {g.in_size} + (x0 * {g.inp[1]} + x1) * {g.inp[2]} + x2];",
+             "        " + (f"acc = {_nan_max('v', 'acc')};" if mx else "acc += v;"), "        cnt++;",
+             "      }",
+             "    }",
+             "    (void)cnt;",
+             f"    out0[e] = {'acc' if mx else f'acc / {float(g.taps)}f' if count_pad else 'acc / (float)cnt'};",
+             "  }", "}"]
+    return CudaKernel(fn, "\n".join(lines) + "\n", args, str(min(ceil_div(total, THREADS), MAX_BLOCKS)))
