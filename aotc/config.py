@@ -47,14 +47,31 @@ class Fetch:
 
 
 @dataclass
+class Variable:
+    """A TensorFlow variable the library takes as an argument (tfcompile's ``variable``): read-only, an
+    input; otherwise an in-place argument, which the run updates where the graph assigns it."""
+    node_name: str
+    name: str = ""
+    shape: tuple[int, ...] | None = None
+    dtype: np.dtype | None = None
+    readonly: bool = False
+    line: int = 0  # where the config gives it, for errors found against the graph
+
+    @property
+    def label(self) -> str:
+        return self.name or self.node_name
+
+
+@dataclass
 class Config:
     feeds: list[Feed] = field(default_factory=list)
     fetches: list[Fetch] = field(default_factory=list)
+    variables: list[Variable] = field(default_factory=list)
 
 
 # Each message's fields: name -> (kind, repeated). A kind is a scalar type ("string", "int", "bool",
-# "dtype") or the name of another message. Variables are accepted as tfcompile defines them, and
-# ignored: aotc takes weights from the model; a fetch's shape and type are not checked either.
+# "dtype") or the name of another message. Variables name TensorFlow variable nodes (an ONNX model has
+# none); a fetch's shape and type are not checked.
 _SHAPE = {"dim": ("Dim", True), "unknown_rank": ("bool", False)}
 _SCHEMA: dict[str, dict[str, tuple[str, bool]]] = {
     "Config": {"feed": ("Feed", True), "fetch": ("Fetch", True), "variable": ("Variable", True)},
@@ -241,13 +258,21 @@ def _tensor_id(msg: _Fields, where: str, line: int) -> TensorId:
     return TensorId(_one(ident, "node_name"), index)
 
 
-def _feed_shape(f: _Fields, name: str) -> tuple[int, ...] | None:
+def _feed_shape(f: _Fields, name: str, kind: str = "feed") -> tuple[int, ...] | None:
     shape = _one(f, "shape")
     if shape is None:
         return None
     if _one(shape, "unknown_rank", False) or any(_one(d, "size", -1) < 0 for d, _ in shape.get("dim", [])):
-        raise _Located(f["shape"][0][1], f"feed {name!r} has an unknown dimension; aotc needs static shapes")
+        raise _Located(f["shape"][0][1], f"{kind} {name!r} has an unknown dimension; aotc needs static shapes")
     return tuple(_one(d, "size") for d, _ in shape.get("dim", []))
+
+
+def _variable(f: _Fields, line: int) -> Variable:
+    node = _one(f, "node_name")
+    if not node:
+        raise _Located(line, "a variable has no node_name")
+    return Variable(node, _one(f, "name", ""), _feed_shape(f, node, "variable"), _one(f, "type"),
+                    _one(f, "readonly", False), line)
 
 
 def _refuse_duplicates(kind: str, plural: str, entries: list[tuple[TensorId, str, int]]) -> None:
@@ -277,7 +302,10 @@ def parse_config(text: str) -> Config:
     for f, line in top.get("fetch", []):
         cfg.fetches.append(Fetch(_tensor_id(f, "a fetch", line), _one(f, "name", "")))
         fetches.append((cfg.fetches[-1].id, cfg.fetches[-1].name, line))
-    _refuse_duplicates("feed", "feeds", feeds)
+    for f, line in top.get("variable", []):
+        cfg.variables.append(_variable(f, line))
+        feeds.append((TensorId(cfg.variables[-1].node_name), cfg.variables[-1].name, line))
+    _refuse_duplicates("feed", "feeds", feeds)  # a variable is an argument as a feed is
     _refuse_duplicates("fetch", "fetches", fetches)
     if not cfg.fetches:
         raise AotcError("config: no fetch given")

@@ -9,6 +9,7 @@ from tf_graphs import dt_float, graphdef, shape
 
 import aotc
 from aotc.compiler import compile_model
+from aotc.config import parse_config
 from aotc.errors import AotcError
 from aotc.frontends.tensorflow import import_graphdef
 
@@ -147,13 +148,19 @@ def test_variable_updates_dropped_unless_a_fetch_depends_on_them():
              ("v", "VarHandleOp", [], var), ("set", "AssignVariableOp", ["v", "x"], {}),
              ("y", "Relu", ["x"], {})]
     graph = import_graphdef(graphdef(*nodes), outputs=["y"])  # the update is dropped
-    assert [n.op for n in graph.nodes] == ["Relu"]
+    assert [n.op for n in graph.nodes] == ["Relu"] and not graph.updates
     assert summarize(graphdef(*nodes)).ops["AssignVariableOp"] == (1, True)
     ordered = [*nodes[:3], ("y", "Relu", ["x", "^set"], {})]
-    with pytest.raises(AotcError, match=r"^AssignVariableOp node 'set' updates variable 'v', which the fetches "
-                                        "depend on: variables updated in place are not supported yet$"):
+    with pytest.raises(AotcError, match=r"^VarHandleOp node 'v' is a variable, and the graph holds no value for "
+                                        r"it: compile the SavedModel, freeze the graph, or make it an argument "
+                                        r"\(a config `variable` entry\)$"):
         import_graphdef(graphdef(*ordered), outputs=["y"])
+    config = parse_config('fetch { id { node_name: "y" } } variable { node_name: "v" }')
+    graph = import_graphdef(graphdef(*ordered), config=config)  # now an in-place argument
+    assert [v.name for v in graph.inputs] == ["x", "v"] and graph.updates == [graph.inputs[1]]
+    assert graph.outputs[-1] is graph.inputs[0]  # v's new value is x
     read = [*nodes[:2], ("r", "ReadVariableOp", ["v"], {}), ("y", "Relu", ["r"], {})]
     with pytest.raises(AotcError, match=r"^VarHandleOp node 'v' is a variable, and the graph holds no value for "
-                                        "it: compile the SavedModel, freeze the graph, or feed the variable$"):
+                                        r"it: compile the SavedModel, freeze the graph, or make it an argument "
+                                        r"\(a config `variable` entry\)$"):
         import_graphdef(graphdef(*read), outputs=["y"])

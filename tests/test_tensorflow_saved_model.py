@@ -72,11 +72,19 @@ def test_signature_and_tag_set_choices(fx):
         import_saved_model(path, tag_set="train")
 
 
-def test_a_signature_that_updates_a_variable_is_not_supported_yet(fx):
-    with pytest.raises(AotcError, match=r"^AssignAddVariableOp node '.*AssignAddVariableOp' updates variable "
-                                        r"'step', which the fetches depend on: variables updated in place are "
-                                        "not supported yet$"):
-        import_saved_model(fx / "variables_saved_model", signature="bump")
+def test_a_signature_that_updates_a_variable_needs_it_fed(fx, tmp_path):
+    path = fx / "variables_saved_model"
+    with pytest.raises(AotcError, match=r"^AssignAddVariableOp node '.*AssignAddVariableOp' assigns variable "
+                                        r"'.*', which is frozen into a constant: make it an in-place argument "
+                                        r"\(a config `variable` entry, or --variables-to-feed for a SavedModel\)$"):
+        import_saved_model(path, signature="bump")
+    graph = import_saved_model(path, signature="bump", variables_to_feed=["step"])
+    assert [v.name for v in graph.inputs] == ["by", "step"] and graph.updates == [graph.inputs[1]]
+    model = compile_graph(graph, tmp_path)
+    step = np.zeros((), np.float32)  # its checkpoint value
+    for want in (3.0, 6.0):
+        (doubled,) = model.run({"by": np.float32(1.5), "step": step})
+        assert float(doubled) == want and float(step) == want / 2
 
 
 def test_saved_model_detection_and_bad_directories(tmp_path, fx):
@@ -111,6 +119,6 @@ def test_command_line_compiles_a_saved_model(fx, tmp_path):
     header = (tmp_path / "v.h").read_text()
     assert "scale" in header and "proj" in header
     proc = cli("compile", sm, "-o", str(tmp_path), "--signature", "bump")
-    assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and "not supported yet" in proc.stderr
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and "frozen into a constant" in proc.stderr
     proc = cli("compile", str(fx / "mlp.pb"), "-o", str(tmp_path), "--tag-set", "serve")
     assert proc.returncode == 1 and "--tag-set: only for SavedModel directories" in proc.stderr, proc.stderr

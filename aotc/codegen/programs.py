@@ -14,7 +14,7 @@ def _tensors(infos, arrays: list[np.ndarray] | None, blob: list[bytes], size: li
     for i, t in enumerate(infos):
         elem = np.dtype(t.dtype).itemsize
         row = {"dtype_code": t.dtype_code, "c_string": t.c_string, "elem": elem, "size": t.size,
-               "count": t.size, "offset": 0}
+               "count": t.size, "offset": 0, "updated": t.updated}
         if arrays is not None:
             data = np.ascontiguousarray(arrays[i]).astype(np.dtype(t.dtype).newbyteorder("<")).tobytes()
             pad = (-size[0]) % 64

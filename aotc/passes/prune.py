@@ -26,6 +26,9 @@ def _lookup(graph: Graph, tid: TensorId, what: str) -> Value:
 
 def apply_config(graph: Graph, config: Config) -> None:
     """Make the config's feeds the inputs and its fetches the outputs, cutting at fed tensors."""
+    if config.variables:
+        raise AotcError(f"config variable {config.variables[0].node_name!r}: only a TensorFlow GraphDef has "
+                        "variables (for a SavedModel, use --variables-to-feed)")
     fetches = [_lookup(graph, f.id, "fetch") for f in config.fetches]
     for i, v in enumerate(fetches):  # e.g. a tensor's name and its node's name: one buffer, two outputs
         first = next(j for j, w in enumerate(fetches) if w is v)
@@ -61,15 +64,16 @@ def apply_config(graph: Graph, config: Config) -> None:
         if any(new is x for x in inputs):
             raise AotcError(f"feed {feed.id.node_name!r} given twice")
         inputs.append(new)
-    if config.feeds:
-        graph.inputs = inputs
-    graph.outputs = fetches
+    if config.feeds:  # an input updated in place stays an argument, after the feeds
+        graph.inputs = inputs + [u for u in graph.updates if not any(u is x for x in inputs)]
+    graph.outputs = fetches + graph.outputs[graph.num_fetches:]  # the updates' values stay last
     for f, v in zip(config.fetches, fetches, strict=True):
         if f.name:
             v.name = f.name
     prune(graph)
     if not config.feeds:  # only fetches given: the model's inputs that they still need
-        used = {id(v) for n in graph.nodes for v in n.inputs if v is not None} | {id(v) for v in fetches}
+        used = {id(v) for n in graph.nodes for v in n.inputs if v is not None} | {id(v) for v in graph.outputs}
+        used |= {id(v) for v in graph.updates}
         graph.inputs = [v for v in graph.inputs if id(v) in used]
 
 

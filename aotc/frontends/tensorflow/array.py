@@ -175,6 +175,15 @@ def tile(ctx: Ctx) -> Value:
     return ctx.emit("Tile", [ctx.x(0), _i64(ctx, ctx.ints(1, "multiples"))])
 
 
+@tf_op("BroadcastTo")
+def broadcast_to(ctx: Ctx) -> Value:
+    x, shape = ctx.x(0), ctx.ints(1, "shape")
+    out = np.broadcast_shapes(tuple(x.shape), tuple(shape)) if len(shape) >= len(x.shape) else None
+    if out != tuple(shape):  # TF refuses a shape the input does not broadcast to exactly
+        raise ctx.error(f"cannot broadcast {list(x.shape)} to {shape}")
+    return ctx.emit("Expand", [x, _i64(ctx, shape)])
+
+
 @tf_op("Fill")
 def fill(ctx: Ctx) -> Value:
     dims, value = ctx.ints(0, "dims"), ctx.x(1)

@@ -11,7 +11,7 @@ Which checkpoint entry holds which variable is what the graph's own restore oper
 (``saver_def.restore_op_name``): it assigns ``RestoreV2`` outputs, read by checkpoint key, to the
 variables. Following it works alike for TF2's restore function and TF1's ``save/restore_all``.
 Variables become constants, except those named in ``variables_to_feed``, which become inputs after
-the signature's (named by their ``shared_name``).
+the signature's (named by their ``shared_name``): in-place arguments where the function assigns them.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import numpy as np
 from aotc.config import Config, Feed, TensorId
 from aotc.errors import AotcError
 from aotc.frontends.tensorflow.bundle import Bundle
-from aotc.frontends.tensorflow.importer import VARIABLE_OPS, TensorKey, tensor_key, translate
+from aotc.frontends.tensorflow.importer import UPDATE_OPS, VARIABLE_OPS, TensorKey, tensor_key, translate
 from aotc.frontends.tensorflow.inline import inline_functions
 from aotc.frontends.tensorflow.proto import own_messages
 from aotc.ir.graph import Graph
@@ -206,12 +206,13 @@ def import_saved_model(path: str | Path, shapes: dict[str, tuple[int, ...]] | No
         pinned[node] = shape
     feeds: dict[TensorKey, Any] = {t: Feed(TensorId(*t), name=key) for key, t in sig.inputs}
     read = {n: _variable_name(nodes[n]) for n in _variables_read(nodes, [t for _, t in sig.outputs], feeds)}
-    for var in _chosen(read, variables_to_feed or []):
+    chosen = _chosen(read, variables_to_feed or [])
+    for var in chosen:
         feeds[(var, 0)] = Feed(TensorId(var, 0), name=read[var])
     fetches = [(t, key) for key, t in sig.outputs]
     bundle = Bundle(p / "variables" / "variables") if (p / "variables").is_dir() and sig.variables else None
     graph = translate(sig.graph, pinned, name, feeds, fetches, unused_feeds=True,
-                      variables=_Variables(bundle, sig.variables))
+                      variables=_Variables(bundle, sig.variables), writable=chosen)
     if config is not None:
         apply_config(graph, config)
     return graph
@@ -223,7 +224,8 @@ def _variable_name(node: Any) -> str:
 
 
 def _variables_read(nodes: dict[str, Any], fetches: list[TensorKey], feeds: dict[TensorKey, Any]) -> list[str]:
-    """The variable nodes the fetches read, in the graph's order."""
+    """The variable nodes the fetches read or assign (the assignments they depend on through control
+    edges, as a function's outputs on its stateful ops), in the graph's order."""
     found, seen, stack = set(), set(), [k[0] for k in fetches if k not in feeds]
     while stack:
         name = stack.pop()
@@ -232,8 +234,11 @@ def _variables_read(nodes: dict[str, Any], fetches: list[TensorKey], feeds: dict
         seen.add(name)
         if nodes[name].op in VARIABLE_OPS:
             found.add(name)
-        stack.extend(tensor_key(i)[0] for i in nodes[name].input
-                     if not i.startswith("^") and tensor_key(i) not in feeds)
+        for i in nodes[name].input:
+            if not i.startswith("^") and tensor_key(i) not in feeds:
+                stack.append(tensor_key(i)[0])
+            elif i.startswith("^") and nodes.get(i[1:]) is not None and nodes[i[1:]].op in UPDATE_OPS | _PASS_THROUGH:
+                stack.append(i[1:])
     return [n for n in nodes if n in found]
 
 

@@ -1,0 +1,126 @@
+"""TensorFlow fixtures for variables updated in place, built with TensorFlow itself, and what
+TensorFlow computes when the graph runs twice.
+
+Run as a script (``python tests/tf_update_fixtures.py OUT_DIR``) so that the test process never imports
+TensorFlow; ``update_fixtures_dir`` caches the result under a directory keyed by this file's hash.
+
+- ``graph.pb``: a TF1-style graph (resource variables as VarHandleOp nodes, as tfcompile's users
+  write them) whose fetch ``y`` depends, through control edges, on an AssignAddVariableOp and an
+  AssignSubVariableOp and reads the variables before and after them; ``c`` is only read. ``graph.npz``
+  holds the feeds of two session runs, ``y`` of each, the variables' initial values and their values
+  after each run.
+- ``module_saved_model/``: a tf.Module whose tf.function signature ``step`` assigns, adds to and
+  subtracts from its variables; ``module.npz`` the same for two calls of the reloaded signature.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+CACHE = Path(os.environ.get("AOTC_TF_FIXTURES", Path(tempfile.gettempdir()) / "aotc-tf-fixtures"))
+
+
+def update_fixtures_dir() -> Path:
+    """The directory holding the fixtures, generated (in a subprocess) on first use."""
+    key = "updates-" + hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
+    out = CACHE / key
+    if (out / "done").is_file():
+        return out
+    CACHE.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{key}.", dir=CACHE))
+    proc = subprocess.run([sys.executable, __file__, str(tmp)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
+        raise RuntimeError(f"the fixture script failed:\n{tail}")
+    (tmp / "done").write_text("ok\n")
+    try:
+        tmp.rename(out)
+    except OSError:  # another process got there first
+        pass
+    return out
+
+
+def _graph(out: Path) -> None:
+    import numpy as np
+    import tensorflow as tf
+
+    rng = np.random.default_rng(0)
+    init = {"w": rng.standard_normal((3, 4)).astype(np.float32),
+            "b": rng.standard_normal(4).astype(np.float32),
+            "c": rng.standard_normal((2, 4)).astype(np.float32)}
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [2, 3], name="x")
+        w = tf.Variable(init["w"], name="w")
+        b = tf.Variable(init["b"], name="b")
+        c = tf.Variable(init["c"], name="c")
+        before = tf.matmul(x, w.read_value()) + b.read_value()  # the old values
+        with tf.control_dependencies([before]):
+            add = w.assign_add(tf.matmul(tf.transpose(x), c.read_value()) * 0.1, read_value=False)
+            sub = b.assign_sub(tf.reduce_mean(before, axis=0), read_value=False)
+        with tf.control_dependencies([add, sub]):  # the new values
+            after = tf.matmul(x, w.read_value()) + b.read_value()
+        tf.identity(before * 2.0 + after, name="y")
+        feeds = [rng.standard_normal((2, 3)).astype(np.float32) for _ in range(2)]
+        arrays = {f"init_{k}": v for k, v in init.items()}
+        with tf.compat.v1.Session(graph=g) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            for i, f in enumerate(feeds):
+                arrays[f"x_{i}"] = f
+                arrays[f"y_{i}"] = sess.run("y:0", {x: f})
+                for k, v in (("w", w), ("b", b), ("c", c)):
+                    arrays[f"{k}_{i}"] = sess.run(v.read_value())
+    (out / "graph.pb").write_bytes(g.as_graph_def().SerializeToString())
+    np.savez(out / "graph.npz", **arrays)
+
+
+def _module(out: Path) -> None:
+    import numpy as np
+    import tensorflow as tf
+
+    rng = np.random.default_rng(1)
+
+    class Module(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.acc = tf.Variable(rng.standard_normal((3, 2)).astype(np.float32), name="acc")
+            self.count = tf.Variable(np.float32(0), name="count")
+            self.last = tf.Variable(np.zeros(2, np.float32), name="last")
+            self.scale = tf.Variable(np.float32(0.5), name="scale")
+
+        @tf.function(input_signature=[tf.TensorSpec([3, 2], tf.float32)])
+        def step(self, x):
+            self.acc.assign_add(x * self.scale)
+            self.count.assign_add(1.0)
+            self.acc.assign_sub(tf.broadcast_to(tf.reduce_mean(self.acc, axis=0, keepdims=True), [3, 2]))
+            self.last.assign(tf.reduce_sum(self.acc, axis=0) / self.count)
+            return {"out": self.acc * 2.0, "n": self.count.read_value()}
+
+    m = Module()
+    tf.saved_model.save(m, str(out / "module_saved_model"), signatures={"serving_default": m.step})
+    loaded = tf.saved_model.load(str(out / "module_saved_model"))
+    names = ("acc", "count", "last", "scale")
+    arrays = {f"init_{k}": getattr(loaded, k).numpy() for k in names}
+    for i in range(2):
+        x = rng.standard_normal((3, 2)).astype(np.float32)
+        res = loaded.signatures["serving_default"](x=tf.constant(x))
+        arrays[f"x_{i}"] = x
+        arrays.update({f"{k}_{i}": v.numpy() for k, v in res.items()})
+        arrays.update({f"{k}_{i}": getattr(loaded, k).numpy() for k in names if k not in res})
+    np.savez(out / "module.npz", **arrays)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    _graph(Path(sys.argv[1]))
+    _module(Path(sys.argv[1]))
