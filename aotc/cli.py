@@ -32,7 +32,7 @@ def _shape_arg(text: str) -> tuple[str, tuple[int, ...]]:
 def _parser() -> argparse.ArgumentParser:
     from aotc import __version__
     from aotc.compiler import DEFAULT_OUT_DIR
-    from aotc.target import GENERIC, TRIPLES, host_triple
+    from aotc.target import CUDA, GENERIC, TRIPLES, host_triple
 
     p = argparse.ArgumentParser(prog="aotc", description="Ahead-of-time compiler: ONNX -> C library")
     p.add_argument("--version", action="version", version=f"aotc {__version__}")
@@ -53,8 +53,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="SavedModel: variables that become inputs instead of constants ('all' for every one)")
     c.add_argument("--target", metavar="TRIPLE",
                    help=f"what the library is built for: {', '.join(TRIPLES)} (with TRIPLE-gcc, or CC, and "
-                        f"TRIPLE-ar), or {GENERIC} (portable C without intrinsics, for GCC or Clang); default: this "
-                        f"machine's ({host_triple()})")
+                        f"TRIPLE-ar), {GENERIC} (portable C without intrinsics, for GCC or Clang), or {CUDA} "
+                        f"(CUDA kernels for NVIDIA GPUs, built by nvcc; docs/cuda.md); default: this machine's "
+                        f"({host_triple()})")
     c.add_argument("--target-cpu", metavar="CPU",
                    help="the CPU to build for (-march or -mcpu): default native for this machine's triple, "
                         "which gives a library that needs this machine's instruction sets; generic (the "
@@ -63,6 +64,12 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--target-features", metavar="+F,-F",
                    help="instruction-set features to add or remove, e.g. +avx512f,-avx512bw")
     c.add_argument("--sysroot", help="the cross compiler's --sysroot (also where qemu finds the target's libc)")
+    c.add_argument("--cuda-arch", metavar="sm_80,sm_90",
+                   help="with --target cuda: the GPU architectures to compile for (default sm_80,sm_90; the newest "
+                        "also as PTX for later GPUs)")
+    c.add_argument("--cuda-tf32", action="store_true",
+                   help="with --target cuda: float32 MatMul and Conv may use TF32 tensor cores (sm_80+; inputs "
+                        "rounded to 10 mantissa bits, about 1e-3 relative error) instead of exact FP32")
     c.add_argument("--depfile", help="write a Make-style depfile for the generated library (no path may "
                    "hold a line break)")
     c.add_argument("--dump-to", help="write the IR after each pass and the generated C here")
@@ -143,6 +150,7 @@ def _cmd_compile(args: argparse.Namespace) -> None:
         res = compile_model(args.model, args.out_dir, name, config=args.config,
                             input_shapes=dict(args.input_shape), target=args.target, target_cpu=args.target_cpu,
                             target_features=args.target_features, sysroot=args.sysroot,
+                            cuda_arch=args.cuda_arch, cuda_tf32=args.cuda_tf32,
                             dump_to=args.dump_to, depfile=args.depfile, log=log, profile=args.profile,
                             thread_pool=not args.no_thread_pool, gen_test=args.gen_test,
                             gen_benchmark=args.gen_benchmark, tag_set=args.tag_set, signature=args.signature,
