@@ -12,6 +12,7 @@ import numpy as np
 
 from aotc.errors import AotcError
 from aotc.ir.graph import Node
+from aotc.ops.affine import Ix, offset, task_share
 
 if TYPE_CHECKING:
     from aotc.isa import Isa
@@ -222,8 +223,64 @@ WRITE_OUT = "#pragma GCC unroll 1"
 
 def task_loop(total: int, inner: str) -> str:
     """Tasks take contiguous ranges of work units (every unit is computed the same way)."""
-    return (f"for (size_t t = (size_t){total} * task / ntasks; t < (size_t){total} * (task + 1) / ntasks; t++) {{\n"
-            f"{inner}\n}}")
+    lo, hi = task_share(total)
+    return f"for (size_t t = {lo}; t < {hi}; t++) {{\n{inner}\n}}"
+
+
+def task_bounds(total: int, lo: str = "t0", hi: str | None = "t1") -> str:
+    """A declaration of this task's first unit ``lo`` (and end ``hi``) of ``total`` units."""
+    a, b = task_share(total)
+    return f"const size_t {lo} = {a}" + (f", {hi} = {b}; (void){lo}; (void){hi};" if hi else f"; (void){lo};")
+
+
+def split_unit(t: str, parts: list[tuple[str, int]], keep: bool = False) -> tuple[str, dict[str, Ix]]:
+    """The coordinates of work unit ``t`` over ``parts`` (name, count), fastest first: a declaration
+    of those that vary and each coordinate as an index expression (a part of count 1 is the constant
+    0 and is not declared). With ``keep`` the last one (the batch index ``n``, which an epilogue may
+    read) is declared in any case."""
+    ix, decls, stride = {}, [], 1
+    for i, (name, count) in enumerate(parts):
+        last = i == len(parts) - 1
+        if count == 1:
+            ix[name] = Ix()
+            if keep and last:
+                decls.append(f"{name} = 0")
+            continue
+        v = Ix.of(t) // stride
+        rest = any(c > 1 for _, c in parts[i + 1:])  # t is below this stride times count otherwise
+        decls.append(f"{name} = {v % count if rest else v}")
+        ix[name] = Ix.of(name)
+        stride *= count
+    unused = f" (void){parts[-1][0]};" if keep and parts[-1][1] == 1 else ""
+    return (f"const size_t {', '.join(decls)};{unused}" if decls else ""), ix
+
+
+def plane_unit(g: Geometry) -> str:
+    """The batch index ``n`` and channel ``c`` of work unit ``t``, one output plane (both declared:
+    an epilogue may read them)."""
+    if g.n == 1:
+        return "const size_t n = 0, c = t; (void)n;"
+    return f"const size_t n = t / {g.m}, c = t % {g.m}; (void)n;"
+
+
+def signed_start(o: Ix | str, stride: int, pad: int) -> str:
+    """C for the signed input index where output index ``o``'s window starts."""
+    ix = Ix.of(o) * stride
+    atom = len(ix.terms) == 1 and ix.terms[0][1] == 1 and not ix.const and " " not in ix.terms[0][0]
+    start = str(ix) if ix.is_const() else f"(ptrdiff_t){ix}" if atom else f"(ptrdiff_t)({ix})"
+    return f"{start} - {pad}" if pad else start
+
+
+def depth_loop(g: Geometry) -> str:
+    """The head of the loop over output depths ``od`` (a constant where there is one); the loop
+    over output rows that follows is its body."""
+    return f"for (size_t od = 0; od < {g.out[0]}; od++)" if g.out[0] > 1 else "const size_t od = 0;"
+
+
+def window_rows(g: Geometry) -> str:
+    """The signed input depth ``d0`` and row ``h0`` where the windows of output row (od, oh) start."""
+    return (f"const ptrdiff_t d0 = {signed_start('od', g.s[0], g.pb[0])}, "
+            f"h0 = {signed_start('oh', g.s[1], g.pb[1])};")
 
 
 def padded_dims(g: Geometry) -> tuple[int, int, int]:
@@ -245,13 +302,14 @@ def pad_copy(g: Geometry, src: str, dst: str, planes: int) -> list[str]:
     """Copy ``planes`` input planes into a zero-padded buffer (so the hot loops need no bounds checks)."""
     PD, PH, PW = padded_dims(g)
     ID, IH, IW = g.inp
+    p, r = Ix.of("p"), Ix.of("r")
+    row = Ix.of("pl") * (PD * PH * PW) + ((r // IH + g.pb[0]) * PH + r % IH + g.pb[1]) * PW + g.pb[2]
     # The padding is zeroed on a task's first unit only: later copies overwrite the same interior.
     return [f"if (t == t0) for (size_t i = 0; i < {planes * PD * PH * PW}; i++) {dst}[i] = 0;",
             f"for (size_t p = 0; p < {planes * ID * IH}; p++) {{",
-            f"  const size_t pl = p / {ID * IH}, r = p % {ID * IH};",
-            f"  float *restrict drow = {dst} + pl * {PD * PH * PW} + ((r / {IH} + {g.pb[0]}) * {PH} "
-            f"+ r % {IH} + {g.pb[1]}) * {PW} + {g.pb[2]};",
-            f"  const float *restrict srow = {src} + p * {IW};",
+            f"  const size_t pl = {p // (ID * IH)}, r = {p % (ID * IH)};",
+            f"  float *restrict drow = {offset(dst, row)};",
+            f"  const float *restrict srow = {offset(src, p * IW)};",
             f"  for (size_t i = 0; i < {IW}; i++) drow[i] = srow[i];",
             "}"]
 
@@ -264,20 +322,39 @@ def pad_rows(g: Geometry, src: str, dst: str, planes: int, slo: str, shi: str) -
     OW = g.out[2]
     last = (g.k[1] - 1) * g.d[1]
     pb = g.pb[1]
-    return [f"const size_t r0 = {slo} / {OW} * {g.s[1]}, r1 = ({shi} - 1) / {OW} * {g.s[1]} + {last + 1};",
-            f"const size_t i0 = r0 > {pb} ? r0 - {pb} : 0, i1 = r1 > {pb + IH} ? {IH} : r1 > {pb} ? r1 - {pb} : 0;",
-            f"for (size_t pl = 0; pl < {planes}; pl++) {{",
-            f"  for (size_t i = r0 * {PW}; i < r1 * {PW}; i++) {dst}[pl * {PH * PW} + i] = 0;",
+    r0, r1 = Ix.of(slo) // OW * g.s[1], Ix.of(f"({shi} - 1)") // OW * g.s[1] + (last + 1)
+    pl, ih = Ix.of("pl") if planes > 1 else Ix(), Ix.of("ih")
+    return [f"const size_t r0 = {r0}, r1 = {r1};",
+            f"const size_t i0 = {f'r0 > {pb} ? r0 - {pb} : 0' if pb else 'r0'}, "
+            f"i1 = r1 > {pb + IH} ? {IH} : {f'r1 > {pb} ? r1 - {pb} : 0' if pb else 'r1'};",
+            "{" if planes == 1 else f"for (size_t pl = 0; pl < {planes}; pl++) {{",
+            f"  for (size_t i = r0 * {PW}; i < r1 * {PW}; i++) {dst}[{pl * (PH * PW) + 'i'}] = 0;",
             "  for (size_t ih = i0; ih < i1; ih++)",
             f"    for (size_t i = 0; i < {IW}; i++)",
-            f"      {dst}[pl * {PH * PW} + (ih + {pb}) * {PW} + {g.pb[2]} + i] = {src}[(pl * {IH} + ih) * {IW} + i];",
+            f"      {dst}[{pl * (PH * PW) + (ih + pb) * PW + g.pb[2] + 'i'}] = {src}[{(pl * IH + ih) * IW + 'i'}];",
             "}"]
 
 
 def block_count(mg: int, cb: int) -> str:
-    """C expression: the channels of block ``blk`` that exist; a literal when every block is full, so
-    the compiler unrolls the loops that write a tile out."""
-    return str(cb) if mg % cb == 0 else f"{mg} - blk * {cb} < {cb} ? {mg} - blk * {cb} : {cb}"
+    """C expression: the channels of block ``blk`` that exist; a literal when every block is full (or
+    there is one block), so the compiler unrolls the loops that write a tile out."""
+    if mg % cb == 0 or mg < cb:
+        return str(min(mg, cb))
+    return f"{mg} - blk * {cb} < {cb} ? {mg} - blk * {cb} : {cb}"
+
+
+def cmin(a: Ix | int | str, b: Ix | int | str) -> str:
+    """C for min(a, b) of two indices, folded when both are constants."""
+    a_, b_ = Ix.of(a), Ix.of(b)
+    if a_.is_const() and b_.is_const():
+        return str(min(a_.const, b_.const))
+    return f"{a_} < {b_} ? {a_} : {b_}"
+
+
+def first_of(per: int, t: str = "t", t0: str = "t0") -> str:
+    """C opening the block run on a task's first unit ``t0`` and on every ``per``-th unit after a
+    multiple of ``per`` (always, where ``per`` is 1)."""
+    return "{" if per == 1 else f"if ({t} == {t0} || {t} % {per} == 0) {{"
 
 
 def needs_pad(g: Geometry) -> bool:
@@ -312,15 +389,15 @@ def bcast_tile_kernel(target: Target, fn: str, mb: int, nv: int, xstride: int, y
     mk = [f"{vec.attribute}static {'inline' if inline else '__attribute__((noinline))'} void {fn}("
           "const float *restrict x, const float *restrict w, const float *restrict init, float *restrict y, "
           "size_t nk) {", "  (void)nk;"]
-    mk += [f"  {vt} a{i}_{j} = {vec.vbcast(f'init + {i}')};" for i in range(mb) for j in range(nv)]
+    mk += [f"  {vt} a{i}_{j} = {vec.vbcast(offset('init', i))};" for i in range(mb) for j in range(nv)]
     mk += [f"  for (size_t ci = 0; ci < {k}; ci++) {{",
            f"    const float *restrict xr = x + ci * {xstride};",
            f"    const float *restrict wr = w + ci * {mb};"]
-    mk += [f"    const {vt} x{j} = {vec.vload(f'xr + {j * L}')};" for j in range(nv)]
+    mk += [f"    const {vt} x{j} = {vec.vload(offset('xr', j * L))};" for j in range(nv)]
     for i in range(mb):
-        mk += bcast_fma(vec, i, nv, f"wr + {i}", "wb", "x", "    ")
+        mk += bcast_fma(vec, i, nv, offset("wr", i), "wb", "x", "    ")
     mk.append("  }")
-    mk += [f"  {vec.vstore(f'y + {i * ystride + j * L}', f'a{i}_{j}')};" for i in range(mb) for j in range(nv)]
+    mk += [f"  {vec.vstore(offset('y', i * ystride + j * L), f'a{i}_{j}')};" for i in range(mb) for j in range(nv)]
     mk.append("}")
     return "\n".join(mk)
 
@@ -334,13 +411,14 @@ def lanes_of_8x8(target: Target) -> bool:
 def transpose8(fn: str) -> str:
     """``{fn}_tr8(src, ss, dst, ds)``: dst[j * ds + i] = src[i * ss + j] for an 8x8 block (pairs of rows
     interleaved, then pairs of pairs, then the 128-bit halves exchanged)."""
-    ld = "\n".join(f"  const __m256 r{i} = _mm256_loadu_ps(src + {i} * ss);" for i in range(8))
+    ld = "\n".join(f"  const __m256 r{i} = _mm256_loadu_ps({offset('src', Ix.of('ss') * i)});" for i in range(8))
     t = "\n".join(f"  const __m256 t{2 * i} = _mm256_unpacklo_ps(r{2 * i}, r{2 * i + 1}), "
                   f"t{2 * i + 1} = _mm256_unpackhi_ps(r{2 * i}, r{2 * i + 1});" for i in range(4))
     u = "\n".join(f"  const __m256 u{4 * h + 2 * k} = _mm256_shuffle_ps(t{4 * h + k}, t{4 * h + k + 2}, 0x44), "
                   f"u{4 * h + 2 * k + 1} = _mm256_shuffle_ps(t{4 * h + k}, t{4 * h + k + 2}, 0xEE);"
                   for h in range(2) for k in range(2))
-    st = "\n".join(f"  _mm256_storeu_ps(dst + {j + 4 * hi} * ds, _mm256_permute2f128_ps(u{j}, u{j + 4}, "
-                   f"{'0x31' if hi else '0x20'}));" for hi in range(2) for j in range(4))
+    st = "\n".join(f"  _mm256_storeu_ps({offset('dst', Ix.of('ds') * (j + 4 * hi))}, "
+                   f"_mm256_permute2f128_ps(u{j}, u{j + 4}, {'0x31' if hi else '0x20'}));"
+                   for hi in range(2) for j in range(4))
     return (f'__attribute__((target("avx2"))) static inline void {fn}_tr8(const float *restrict src, size_t ss, '
             f"float *restrict dst, size_t ds) {{\n{ld}\n{t}\n{u}\n{st}\n}}\n")

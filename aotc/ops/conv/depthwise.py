@@ -7,7 +7,19 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from aotc.ops.conv.common import UNROLL, Epilogue, Geometry, fast_rows, padded_dims, task_loop
+from aotc.ops.affine import Ix, offset
+from aotc.ops.conv.common import (
+    UNROLL,
+    Epilogue,
+    Geometry,
+    depth_loop,
+    fast_rows,
+    padded_dims,
+    plane_unit,
+    task_bounds,
+    task_loop,
+    window_rows,
+)
 
 if TYPE_CHECKING:
     from aotc.target import Target
@@ -75,9 +87,7 @@ def _phase_head(g: Geometry, area: int) -> str:
     units, nbuf = g.n * g.m, _phase_buffers(g)
     ph = "phb" if nbuf == 2 else "ph"
     return (f"float *restrict {ph} = scratch + task * (size_t){phase_scratch(g)};\n"
-            f"float *restrict rb = {ph} + {nbuf * area}; (void)rb;\n"
-            f"const size_t t0 = (size_t){units} * task / ntasks, t1 = (size_t){units} * (task + 1) / ntasks;"
-            " (void)t1;\n")
+            f"float *restrict rb = {ph} + {nbuf * area}; (void)rb;\n{task_bounds(units)}\n")
 
 
 def _deinterleave2(fn: str, off: int) -> str:
@@ -107,7 +117,7 @@ def _depthwise_phase(g: Geometry, x: str, w: str, b: str | None, y: str, target:
     helper, lines, flat = phase_unit(g, x, w, b, y, target, epi, fn, _phase_buffers(g) == 2)
     head = _phase_head(g, phase_areas(g)[0])
     if flat:
-        head += f"float *restrict vo = rb + {phase_rowbuf(g)};\n"
+        head += f"float *restrict vo = {offset('rb', phase_rowbuf(g))};\n"
     return helper, head + task_loop(g.n * g.m, "\n".join("  " + ln for ln in lines))
 
 
@@ -129,7 +139,7 @@ def phase_unit(g: Geometry, x: str, w: str, b: str | None, y: str, target: Targe
     copy = [f"for (size_t ih = 0; ih < {IH}; ih++) {{",
             f"  const size_t i = ih + {pbh};",
             f"  const float *restrict sr = xs + ih * {IW};",
-            f"  float *restrict dr = ph + (i % {sh}) * {sw * pp} + (i / {sh}) * {pw2};"]
+            f"  float *restrict dr = {offset('ph', Ix.of('i') % sh * (sw * pp) + Ix.of('i') // sh * pw2)};"]
     # One loop over the m that every phase has deinterleaves the row in a single pass; the few others
     # go one by one.
     rng_, lo, hi = _phase_cols(g)
@@ -150,25 +160,27 @@ def phase_unit(g: Geometry, x: str, w: str, b: str | None, y: str, target: Targe
         lo = hi = 0
         rng_ = []
     elif hi > lo:
+        mm = Ix.of("m")
         copy.append(f"  for (size_t m = {lo}; m < {hi}; m++) {{ "
-                    + " ".join(f"dr[{pj * pp} + m] = sr[m * {sw} + {pj - pbw}];" for pj in range(sw)) + " }")
+                    + " ".join(f"dr[{mm + pj * pp}] = sr[{mm * sw + (pj - pbw)}];" for pj in range(sw)) + " }")
     for pj, (a, b_) in enumerate(rng_):
         extra = [m for m in range(a, b_) if not lo <= m < hi]
         copy += [f"  dr[{pj * pp + m}] = sr[{m * sw + pj - pbw}];" for m in extra]
     copy.append("}")
     rbn = phase_rowbuf(g)
-    lines = [f"const size_t n = t / {g.m}, c = t % {g.m}, grp = c / {mg}; (void)n; (void)grp;"]
+    lines = [plane_unit(g)]
     if double:  # the copy as a helper called twice, see _phase_buffers
         assert src is None
         helper += (f"static void {fn}_phcopy(const float *restrict xs, float *restrict ph, float *restrict rb) {{\n"
                    "  (void)rb;\n" + "\n".join("  " + ln for ln in copy) + "\n}\n")
+        tc, nc = Ix.of("t") // mg, Ix.of("(t + 1)") // mg  # this unit's input plane and the next one's
         lines += [f"if (t == t0) {{ for (size_t i = 0; i < {2 * area + rbn}; i++) phb[i] = 0; "
-                  f"{fn}_phcopy({x} + t / {mg} * {g.in_size}, phb + t / {mg} % 2 * {area}, rb); }}",
-                  f"if (t + 1 < t1 && (t + 1) % {mg} == 0) "
-                  f"{fn}_phcopy({x} + (t + 1) / {mg} * {g.in_size}, phb + (t + 1) / {mg} % 2 * {area}, rb);",
-                  f"const float *ph = phb + t / {mg} % 2 * {area};"]
+                  f"{fn}_phcopy({offset(x, tc * g.in_size)}, {offset('phb', tc % 2 * area)}, rb); }}",
+                  f"if (t + 1 < t1{f' && (t + 1) % {mg} == 0' if mg > 1 else ''}) "
+                  f"{fn}_phcopy({offset(x, nc * g.in_size)}, {offset('phb', nc % 2 * area)}, rb);",
+                  f"const float *ph = {offset('phb', tc % 2 * area)};"]
     else:  # inline, into the task's one set of planes (a helper measured 7% slower on 28x28)
-        lines += [f"const float *xs = {src or f'{x} + t / {mg} * {g.in_size}'};",
+        lines += [f"const float *xs = {src or offset(x, Ix.of('t') // mg * g.in_size)};",
                   # With one channel per group every unit copies its own plane.
                   "{" if mg == 1 else f"if (({first}) || t % {mg} == 0) {{",
                   f"  if ({first}) for (size_t i = 0; i < {area + rbn}; i++) ph[i] = 0;",
@@ -176,14 +188,15 @@ def phase_unit(g: Geometry, x: str, w: str, b: str | None, y: str, target: Targe
     lines += [f"const float *wc = {w} + c * {g.taps};",
              *[f"const float w{i} = wc[{i}];" for i in range(g.taps)],
              f"const float bias_c = {f'{b}[c]' if b else '0.0f'};",
-             f"float *restrict yo = {y} + t * {g.out_size};"]
+             f"float *restrict yo = {offset(y, Ix.of('t') * g.out_size)};"]
     taps = []
     for kh in range(g.k[1]):
         for kw in range(g.k[2]):
             hh, ww = kh * g.d[1], kw * g.d[2]
             off = ((hh % sh) * sw + ww % sw) * pp + (hh // sh) * pw2 + ww // sw
             wv = f"w{len(taps)}"
-            taps.append(f"v = fmaf({wv}, ph[q + {off}], v);" if fma else f"v += {wv} * ph[q + {off}];")
+            xv = f"ph[{Ix.of('q') + off}]"
+            taps.append(f"v = fmaf({wv}, {xv}, v);" if fma else f"v += {wv} * {xv};")
     lanes = target.isa.lanes
     if OW >= 6 * lanes:
         # Wide rows: each output row is computed straight into the output (blocks of one vector, the
@@ -197,8 +210,8 @@ def phase_unit(g: Geometry, x: str, w: str, b: str | None, y: str, target: Targe
                   f"    const size_t o0 = ob + {lanes} <= {OW} ? ob : {OW - lanes};",
                   "    AOTC_IVDEP",
                   f"    for (size_t k = 0; k < {lanes}; k++) {{",
-                  f"      const size_t ow = o0 + k, q = oh * {pw2} + ow;",
-                  *([f"      const size_t od = 0, s = oh * {OW} + ow; (void)od; (void)s;"] if epi else []),
+                  f"      const size_t ow = o0 + k, q = {Ix.of('oh') * pw2 + 'ow'};",
+                  *([f"      const size_t od = 0, s = {Ix.of('oh') * OW + 'ow'}; (void)od; (void)s;"] if epi else []),
                   "      float v = bias_c;",
                   *("      " + tp for tp in taps),
                   *("      " + e for e in (epi or [])),
@@ -257,17 +270,17 @@ def depthwise_conv(g: Geometry, x: str, w: str, b: str | None, y: str, target: T
     owa = min(OW, -(-g.pb[2] // g.s[2]))
     owb = max(owa, min(OW, (IW - 1 - (g.k[2] - 1) * g.d[2] + g.pb[2]) // g.s[2] + 1))
     edges = [*range(owa), *range(owb, OW)]
-    lines = [f"const size_t n = t / {g.m}, c = t % {g.m}, grp = c / {mg};",
-             f"const float *xc = {x} + (n * {g.c} + grp) * {g.in_size};",
+    lines = [plane_unit(g),
+             f"const float *xc = {offset(x, (Ix.of('n') * g.c + Ix.of('c') // mg) * g.in_size)};",
              f"const float *wc = {w} + c * {g.taps};",
              *[f"const float w{i} = wc[{i}];" for i in range(g.taps)],
              # Read once into a local: inside the row loop GCC cannot tell the bias from the output row.
              f"const float bias_c = {f'{b}[c]' if b else '0.0f'};",
-             f"float *yo = {y} + t * {g.out_size};",
-             f"for (size_t od = 0; od < {OD}; od++)",
+             f"float *yo = {offset(y, Ix.of('t') * g.out_size)};",
+             depth_loop(g),
              f"for (size_t oh = 0; oh < {OH}; oh++) {{",
-             f"  const ptrdiff_t d0 = (ptrdiff_t)od * {g.s[0]} - {g.pb[0]}, h0 = (ptrdiff_t)oh * {g.s[1]} - {g.pb[1]};",
-             f"  const size_t rs = (od * {OH} + oh) * {OW}; (void)rs;",
+             "  " + window_rows(g),
+             f"  const size_t rs = {(Ix.of('od') * OH + 'oh') * OW}; (void)rs;",
              "  float *restrict yr = yo + rs;"]
     for kd in range(g.k[0]):
         for kh in range(g.k[1]):

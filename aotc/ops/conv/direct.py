@@ -8,18 +8,25 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from aotc.ops.affine import Ix, offset
 from aotc.ops.conv.common import (
     Epilogue,
     Geometry,
     TilePlan,
     bcast_fma,
     block_count,
+    cmin,
     epi_block,
+    first_of,
     lanes_of_8x8,
     needs_pad,
     pad_copy,
     pad_rows,
     padded_dims,
+    plane_unit,
+    signed_start,
+    split_unit,
+    task_bounds,
     task_loop,
     transpose8,
 )
@@ -34,14 +41,15 @@ def generic_conv(g: Geometry, x: str, w: str, b: str | None, y: str, ct: str, ep
     cg, mg = g.c // g.group, g.m // g.group
     ID, IH, IW = g.inp
     acc, cast = ("float", "(float)") if ct == "_Float16" else (ct, "")
-    lines = [f"const size_t n = t / {g.m}, c = t % {g.m}, grp = c / {mg}; (void)n;",
-             f"const {ct} *xg = {x} + (n * {g.c} + grp * {cg}) * {g.in_size};",
-             f"const {ct} *wm = {w} + c * {cg * g.taps};",
-             f"{ct} *yo = {y} + t * {g.out_size};",
+    s_ = Ix.of("s")
+    lines = [plane_unit(g),
+             f"const {ct} *xg = {offset(x, (Ix.of('n') * g.c + Ix.of('c') // mg * cg) * g.in_size)};",
+             f"const {ct} *wm = {offset(w, Ix.of('c') * (cg * g.taps))};",
+             f"{ct} *yo = {offset(y, Ix.of('t') * g.out_size)};",
              f"for (size_t s = 0; s < {g.out_size}; s++) {{",
-             f"  const ptrdiff_t d0 = (ptrdiff_t)(s / {g.out[1] * g.out[2]}) * {g.s[0]} - {g.pb[0]};",
-             f"  const ptrdiff_t h0 = (ptrdiff_t)(s / {g.out[2]} % {g.out[1]}) * {g.s[1]} - {g.pb[1]};",
-             f"  const ptrdiff_t w0 = (ptrdiff_t)(s % {g.out[2]}) * {g.s[2]} - {g.pb[2]};",
+             f"  const ptrdiff_t d0 = {signed_start(s_ // (g.out[1] * g.out[2]), g.s[0], g.pb[0])};",
+             f"  const ptrdiff_t h0 = {signed_start(s_ // g.out[2] % g.out[1], g.s[1], g.pb[1])};",
+             f"  const ptrdiff_t w0 = {signed_start(s_ % g.out[2], g.s[2], g.pb[2])};",
              # float16 accumulates in float, rounds, then adds the bias, as numpy's reference does.
              f"  {acc} v = {f'{b}[c]' if b and acc == ct else '0'};",
              f"  for (size_t ci = 0; ci < {cg}; ci++)",
@@ -165,7 +173,7 @@ def tiled_conv(g: Geometry, x: str, packed: str, y: str, target: Target, epi: Ep
     # loop's constants (see pointwise_conv).
     mk = [f"{vec.attribute}static __attribute__((noinline)) void {fn}(const float *xp, const size_t *xo, "
           f"const float *wp, const float *init, size_t istride, float *tile, size_t nci) {{"]
-    mk += [f"  {vec.vtype} a{r}_{j} = {vec.vload(f'init + {r} * istride + {j * L}')};"
+    mk += [f"  {vec.vtype} a{r}_{j} = {vec.vload(offset('init', Ix.of('istride') * r + j * L))};"
            for r in range(R) for j in range(nv)]
     mk += [f"  const float *restrict x{r} = xp + xo[{r}];" for r in range(R)]
     # Up to 16 taps are unrolled (constant address offsets); larger kernels loop over kernel rows
@@ -175,7 +183,7 @@ def tiled_conv(g: Geometry, x: str, packed: str, y: str, target: Target, epi: Ep
         mk += ["  for (size_t ci = 0; ci < nci; ci++) {",
                f"    const float *restrict wc = wp + ci * {len(taps) * cb};",
                f"    const size_t o = ci * {ps};"]
-        steps = [(f"wc + {t * cb}", f"o + {off}") for t, off in enumerate(taps)]
+        steps = [(Ix.of("wc") + t * cb, Ix.of("o") + off) for t, off in enumerate(taps)]
     else:
         rows = taps[::kw]
         mk += [f"  static const size_t rows[{len(rows)}] = {{{', '.join(map(str, rows))}}};",
@@ -183,17 +191,17 @@ def tiled_conv(g: Geometry, x: str, packed: str, y: str, target: Target, epi: Ep
                f"    for (size_t tr = 0; tr < {len(rows)}; tr++) {{",
                f"      const float *restrict wc = wp + (ci * {len(rows)} + tr) * {kw * cb};",
                f"      const size_t o = ci * {ps} + rows[tr];"]
-        steps = [(f"wc + {t * cb}", f"o + {t * g.d[2]}") for t in range(kw)]
+        steps = [(Ix.of("wc") + t * cb, Ix.of("o") + t * g.d[2]) for t in range(kw)]
     for wv, xo in steps:
         mk.append("    {")
-        mk += [f"      const {vec.vtype} w{j} = {vec.vload(f'{wv} + {j * L}')};" for j in range(nv)]
+        mk += [f"      const {vec.vtype} w{j} = {vec.vload(str(wv + j * L))};" for j in range(nv)]
         for r in range(R):
             mk += bcast_fma(vec, r, nv, f"x{r} + {xo}", "xb", "w", "      ")
         mk.append("    }")
     if len(taps) > 16:
         mk.append("    }")
     mk.append("  }")
-    mk += [f"  {vec.vstore(f'tile + {(r * nv + j) * L}', f'a{r}_{j}')};" for r in range(R) for j in range(nv)]
+    mk += [f"  {vec.vstore(offset('tile', (r * nv + j) * L), f'a{r}_{j}')};" for r in range(R) for j in range(nv)]
     mk.append("}")
     helpers = vec.include + "\n" + "\n".join(mk) + "\n"
 
@@ -204,37 +212,40 @@ def tiled_conv(g: Geometry, x: str, packed: str, y: str, target: Target, epi: Ep
     chunk, nch = tiled_chunks(g, R, target)
     cib = ci_block(g, plan, target)
     units = g.n * g.group * nch * nb
-    body = [f"const size_t blk = t % {nb}, ch = t / {nb} % {nch}, grp = t / {nb * nch} % {g.group}, "
-            f"n = t / {nb * nch * g.group};",
-            f"const float *xg = {x} + (n * {g.c} + grp * {cg}) * {g.in_size};"]
+    decl, u = split_unit("t", [("blk", nb), ("ch", nch), ("grp", g.group), ("n", g.n)], keep=bool(epi))
+    blk, ch, grp, n = u["blk"], u["ch"], u["grp"], u["n"]
+    body = [*([decl] if decl else []), f"const float *xg = {offset(x, (n * g.c + grp * cg) * g.in_size)};"]
     if pad and PD == 1:
         # Re-pad when the (batch, group) changes, only the padded rows that this task's chunks of it
         # read: with several tasks, each one zeroing and copying every plane whole repeated the copy.
         per_grp = nb * nch
-        body += [f"if (t == t0 || t % {per_grp} == 0) {{",
-                 f"  const size_t tl = (t / {per_grp} + 1) * {per_grp} < t1 ? (t / {per_grp} + 1) * {per_grp} : t1;",
-                 f"  const size_t slo = ch * {chunk} < {OS - R} ? ch * {chunk} : {OS - R};",
-                 f"  const size_t shi = (tl - 1) / {nb} % {nch} * {chunk} + {chunk} < {OS} ? "
-                 f"(tl - 1) / {nb} % {nch} * {chunk} + {chunk} : {OS};",
+        body += [first_of(per_grp),
+                 *([f"  const size_t tl = {cmin((Ix.of('t') // per_grp + 1) * per_grp, 't1')};"] if nch > 1 else []),
+                 f"  const size_t slo = {cmin(ch * chunk, OS - R)};",
+                 f"  const size_t shi = {cmin(Ix.of('(tl - 1)') // nb % nch * chunk + chunk, OS)};",
                  *("  " + ln for ln in pad_rows(g, "xg", "xpad", cg, "slo", "shi")),
                  "}", "const float *xp = xpad;"]
     elif pad:  # re-pad only when the (batch, group) changes
-        body += [f"if (t == t0 || t % {nb * nch} == 0) {{", *("  " + ln for ln in pad_copy(g, "xg", "xpad", cg)),
+        body += [first_of(nb * nch), *("  " + ln for ln in pad_copy(g, "xg", "xpad", cg)),
                  "}", "const float *xp = xpad;"]
     else:
         body.append("const float *xp = xg;")
+    s_ = Ix.of("s")
+    # Window starts; with one output depth s < OH * OW, so s / OW needs no remainder.
+    start = (s_ // OW if g.out[0] == 1 else s_ // OW % OH) * (g.s[1] * PW) + s_ % OW * g.s[2]
+    if g.out[0] > 1:
+        start += s_ // (OH * OW) * (g.s[0] * PH * PW)
     offsets = [f"  for (size_t r = 0; r < {R}; r++) {{",
                "    const size_t s = sb + r;",
-               f"    xo[r] = ((s / {OH * OW}) * {g.s[0]} * {PH} + (s / {OW} % {OH}) * {g.s[1]}) * {PW} "
-               f"+ (s % {OW}) * {g.s[2]};",
+               f"    xo[r] = {start};",
                "  }"]
-    tiles = [f"for (size_t s0 = ch * {chunk}, k = 0; s0 < send; s0 += {R}, k++) {{",
+    tiles = [f"for (size_t s0 = {ch * chunk}, k = 0; s0 < send; s0 += {R}, k++) {{",
              f"  const size_t sb = s0 + {R} <= {OS} ? s0 : {OS - R};  /* the last tile overlaps */"]
-    body += [f"const float *wp = {packed} + (grp * {nb} + blk) * {cg * g.taps * cb};",
-             f"const float *bias = {packed} + {bias_off} + (grp * {nb} + blk) * {cb};",
-             f"const size_t c0 = grp * {mg} + blk * {cb}, cn = {block_count(mg, cb)};",
+    body += [f"const float *wp = {offset(packed, (grp * nb + blk) * (cg * g.taps * cb))};",
+             f"const float *bias = {offset(packed, (grp * nb + blk) * cb + bias_off)};",
+             f"const size_t c0 = {grp * mg + blk * cb}, cn = {block_count(mg, cb)};",
              f"size_t xo[{R}];",
-             f"const size_t send = ch * {chunk} + {chunk} < {OS} ? ch * {chunk} + {chunk} : {OS};"]
+             f"const size_t send = {cmin(ch * chunk + chunk, OS)};"]
     if cib < cg:  # input-channel blocks over every tile of the chunk, sums kept in scratch
         body += [f"for (size_t cl = 0; cl < {cg}; cl += {cib}) {{",
                  *("  " + ln for ln in tiles),
@@ -250,7 +261,7 @@ def tiled_conv(g: Geometry, x: str, packed: str, y: str, target: Target, epi: Ep
         # for the last tile, moved back to overlap), 8x8 transposes turn it into one row per channel,
         # and the epilogue runs over contiguous positions, which GCC vectorizes.
         Q = tiled_out_chunk(plan, target)
-        body += [f"for (size_t q0 = ch * {chunk}; q0 < send; q0 += {Q}) {{",
+        body += [f"for (size_t q0 = {ch * chunk}; q0 < send; q0 += {Q}) {{",
                  f"  const size_t len = send - q0 < {Q} ? send - q0 : {Q};",
                  f"  for (size_t p = 0; p < len; p += {R}) {{",
                  f"    const size_t sb = q0 + p + {R} <= {OS} ? q0 + p : {OS - R};  /* the last tile overlaps */",
@@ -263,7 +274,7 @@ def tiled_conv(g: Geometry, x: str, packed: str, y: str, target: Target, epi: Ep
                  f"{fn}_tr8(acc + p * {cb} + j * 8, {cb}, tb + j * {8 * Q} + p, {Q});",
                  "  for (size_t i = 0; i < cn; i++) {",
                  "    const size_t c = c0 + i;",
-                 f"    float *restrict yr = {y} + (n * {g.m} + c) * {OS} + q0;",
+                 f"    float *restrict yr = {offset(y, (n * g.m + 'c') * OS + 'q0')};",
                  f"    const float *restrict tr = tb + i * {Q};",
                  "    for (size_t j = 0; j < len; j++) {",
                  *(["      const size_t s = q0 + j; (void)s;"] if epi else []),
@@ -282,13 +293,11 @@ def tiled_conv(g: Geometry, x: str, packed: str, y: str, target: Target, epi: Ep
                  "    for (size_t j = 0; j < cn; j++) {",
                  f"      const size_t c = c0 + j; float v = tile[r * {cb} + j];",
                  *epi_block(epi, g, "s", "      "),
-                 f"      {y}[(n * {g.m} + c) * {OS} + s] = v;",
+                 f"      {y}[{(n * g.m + 'c') * OS + 's'}] = v;",
                  "    }", "  }", "}"]
     head = ""
     if pad:
-        head = (f"float *restrict xpad = scratch + task * (size_t){per_task};\n"
-                f"const size_t t0 = (size_t){units} * task / ntasks, t1 = (size_t){units} * (task + 1) / ntasks;"
-                " (void)t1;\n")
+        head = f"float *restrict xpad = scratch + task * (size_t){per_task};\n{task_bounds(units)}\n"
     if cib < cg:
         head += f"float *restrict sums = scratch + task * (size_t){per_task} + {per_task - chunk * cb};\n"
     if tiled_vector_out(g, plan, target):  # the last (Q + R + Q) * CB floats of the task's scratch

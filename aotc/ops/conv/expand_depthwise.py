@@ -19,7 +19,18 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from aotc.ir.graph import Node
-from aotc.ops.conv.common import WRITE_OUT, Epilogue, Geometry, bcast_tile_kernel, block_count, epi_block, geometry
+from aotc.ops.affine import offset
+from aotc.ops.conv.common import (
+    WRITE_OUT,
+    Epilogue,
+    Geometry,
+    bcast_tile_kernel,
+    block_count,
+    epi_block,
+    geometry,
+    split_unit,
+    task_bounds,
+)
 from aotc.ops.conv.depthwise import phase_areas, phase_rowbuf, phase_unit, use_phase
 from aotc.ops.conv.rows import pack_rows_weights, rows_plan
 
@@ -96,13 +107,15 @@ def kernel(ge: Geometry, gd: Geometry, x: str, packed: str, wd: str, bd: str | N
     head = [f"float *restrict E = scratch + task * (size_t){scratch_floats(ge, gd, target)};",
             f"float *restrict ph = E + {_expanded_floats(ge, target)};",
             f"float *restrict rb = ph + {area}; (void)rb;",
-            *([f"float *restrict vo = rb + {phase_rowbuf(gd)};"] if flat else []),
-            f"const size_t u0 = (size_t){units} * task / ntasks, u1 = (size_t){units} * (task + 1) / ntasks;"]
+            *([f"float *restrict vo = {offset('rb', phase_rowbuf(gd))};"] if flat else []),
+            task_bounds(units, "u0", "u1")]
+    decl, ix = split_unit("u", [("blk", nb), ("n", ge.n)], keep=True)
+    blk, n = ix["blk"], ix["n"]
     body = ["for (size_t u = u0; u < u1; u++) {",
-            f"  const size_t blk = u % {nb}, n = u / {nb};",
-            f"  const float *xg = {x} + n * {C * IS};",
-            f"  const float *wp = {packed} + blk * {C * mb}, *bias = {packed} + {wsize} + blk * {mb};",
-            f"  const size_t c0 = blk * {mb}, cn = {block_count(M, mb)};",
+            f"  {decl}",
+            f"  const float *xg = {offset(x, n * (C * IS))};",
+            f"  const float *wp = {offset(packed, blk * (C * mb))}, *bias = {offset(packed, blk * mb + wsize)};",
+            f"  const size_t c0 = {blk * mb}, cn = {block_count(M, mb)};",
             # The expanded planes: tiles of MB channels x PV positions (the last tile overlaps).
             f"  for (size_t s0 = 0; s0 < {IS}; s0 += {pv}) {{",
             f"    const size_t sb = s0 + {pv} <= {IS} ? s0 : {IS - pv};",
@@ -120,7 +133,7 @@ def kernel(ge: Geometry, gd: Geometry, x: str, packed: str, wd: str, bd: str | N
             "      }", "    }", "  }",
             # Then the depthwise conv of each, from scratch.
             "  for (size_t i = 0; i < cn; i++) {",
-            f"    const size_t t = n * {M} + c0 + i;",
+            f"    const size_t t = {n * M + 'c0' + 'i'};",
             *("    " + ln for ln in dw_lines),
             "  }",
             "}"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from aotc.ops.affine import Ix, offset
 from aotc.ops.conv.common import (
     Epilogue,
     Geometry,
@@ -14,6 +15,7 @@ from aotc.ops.conv.common import (
     epi_block,
     lanes_of_8x8,
     needs_pad,
+    split_unit,
     task_loop,
     transpose8,
 )
@@ -118,38 +120,43 @@ def pointwise_conv(g: Geometry, x: str, packed: str, y: str, target: Target, epi
         pin = max(0, min(nv, 15 - r_ * nv))
         mk = [f"{vec.attribute}static __attribute__((noinline)) void {fn}_r{r_}(const float *restrict x, size_t kn, "
               "const float *restrict w, const float *init, size_t is, float *out) {"]
-        mk += [f"  {vt} a{r}_{j} = {vec.vload(f'init + {r} * is + {j * 8}')};" for r in range(r_) for j in range(nv)]
+        mk += [f"  {vt} a{r}_{j} = {vec.vload(offset('init', Ix.of('is') * r + j * 8))};"
+               for r in range(r_) for j in range(nv)]
         mk += ["  for (size_t ci = 0; ci < kn; ci++) {",
                f"    const float *restrict xr = x + ci * {OS};",
                f"    const float *restrict wr = w + ci * {cb};"]
-        mk += [f"    {'' if j < pin else 'const '}{vt} w{j} = {vec.vload(f'wr + {j * 8}')};" for j in range(nv)]
+        mk += [f"    {'' if j < pin else 'const '}{vt} w{j} = {vec.vload(offset('wr', j * 8))};" for j in range(nv)]
         if pin:
             mk.append('    __asm__("" : ' + ", ".join(f'"+x"(w{j})' for j in range(pin)) + ");")
         for r in range(r_):
-            mk += bcast_fma(vec, r, nv, f"xr + {r}", "xb", "w", "    ")
+            mk += bcast_fma(vec, r, nv, offset("xr", r), "xb", "w", "    ")
         mk.append("  }")
-        mk += [f"  {vec.vstore(f'out + {r * cb + j * 8}', f'a{r}_{j}')};" for r in range(r_) for j in range(nv)]
+        mk += [f"  {vec.vstore(offset('out', r * cb + j * 8), f'a{r}_{j}')};" for r in range(r_) for j in range(nv)]
         mk.append("}")
         return mk
 
     helpers = [vec.include, *micro(R), *(ln for r_ in sorted(set(tail)) for ln in micro(r_)), transpose8(fn)]
     tail_calls = [f"    {fn}_r{r_}(xk + p, kn, wk, init + p * is, is, acc + p * {cb}); p += {r_};" for r_ in tail]
     units = g.n * g.group * nch * nb
-    body = [f"const size_t blk = t % {nb}, ch = t / {nb} % {nch}, grp = t / {nb * nch} % {g.group}, "
-            f"n = t / {nb * nch * g.group};",
-            f"const size_t s0 = ch * {Q}, len = ch + 1 < {nch} ? {Q} : {last};",
-            f"const float *xg = {x} + (n * {g.c} + grp * {cg}) * {OS} + s0;",
-            f"const float *wp = {packed} + (grp * {nb} + blk) * {cg * cb};",
-            f"const float *bias = {packed} + {bias_off} + (grp * {nb} + blk) * {cb};",
-            f"const size_t c0 = grp * {mg} + blk * {cb}, cn = {block_count(mg, cb)};",
-            f"for (size_t kb = 0; kb < {nk}; kb++) {{",
-            f"  const size_t kn = kb + 1 < {nk} ? {kc} : {cg - (nk - 1) * kc};",
-            f"  const float *xk = xg + kb * {kc * OS}, *wk = wp + kb * {kc * cb};",
-            f"  const float *init = kb ? acc : bias; const size_t is = kb ? {cb} : 0;",
+    decl, u = split_unit("t", [("blk", nb), ("ch", nch), ("grp", g.group), ("n", g.n)], keep=bool(epi))
+    blk, ch, grp, n = u["blk"], u["ch"], u["grp"], u["n"]
+    kb = Ix.of("kb") if nk > 1 else Ix()
+    pf = f"ch + 1 < {nch} ? {Q} : {full * R}" if nch > 1 else full * R  # the full tiles of this chunk
+    body = [*([decl] if decl else []),
+            f"const size_t s0 = {ch * Q}, len = {f'ch + 1 < {nch} ? {Q} : {last}' if nch > 1 else last};",
+            f"const float *xg = {offset(x, (n * g.c + grp * cg) * OS + 's0')};",
+            f"const float *wp = {offset(packed, (grp * nb + blk) * (cg * cb))};",
+            f"const float *bias = {offset(packed, (grp * nb + blk) * cb + bias_off)};",
+            f"const size_t c0 = {grp * mg + blk * cb}, cn = {block_count(mg, cb)};",
+            "{" if nk == 1 else f"for (size_t kb = 0; kb < {nk}; kb++) {{",
+            f"  const size_t kn = {f'kb + 1 < {nk} ? {kc} : {cg - (nk - 1) * kc}' if nk > 1 else cg};",
+            f"  const float *xk = {offset('xg', kb * (kc * OS))}, *wk = {offset('wp', kb * (kc * cb))};",
+            (f"  const float *init = kb ? acc : bias; const size_t is = kb ? {cb} : 0;" if nk > 1
+             else "  const float *init = bias; const size_t is = 0;"),
             "  size_t p = 0;",
-            f"  for (const size_t pf = ch + 1 < {nch} ? {Q} : {full * R}; p < pf; p += {R})",
+            f"  for (const size_t pf = {pf}; p < pf; p += {R})",
             f"    {fn}_r{R}(xk + p, kn, wk, init + p * is, is, acc + p * {cb});",
-            *([f"  if (ch + 1 == {nch}) {{", *tail_calls, "  }"] if tail else []),
+            *([("  {" if nch == 1 else f"  if (ch + 1 == {nch}) {{"), *tail_calls, "  }"] if tail else []),
             "}",
             # Rows of acc past len (the last block of 8) hold stale values; they land in tb past len,
             # which nothing reads.
@@ -157,7 +164,7 @@ def pointwise_conv(g: Geometry, x: str, packed: str, y: str, target: Target, epi
             f"  for (size_t j = 0; j < {nv}; j++) {fn}_tr8(acc + p * {cb} + j * 8, {cb}, tb + j * {8 * Q8} + p, {Q8});",
             "for (size_t i = 0; i < cn; i++) {",
             "  const size_t c = c0 + i;",
-            f"  float *restrict yr = {y} + (n * {g.m} + c) * {OS} + s0;",
+            f"  float *restrict yr = {offset(y, (n * g.m + 'c') * OS + 's0')};",
             f"  const float *restrict tr = tb + i * {Q8};",
             "  for (size_t j = 0; j < len; j++) {",
             *(["    const size_t s = s0 + j; (void)s;"] if epi else []),

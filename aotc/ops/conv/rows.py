@@ -7,14 +7,18 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from aotc.ops.affine import offset
 from aotc.ops.conv.common import (
     WRITE_OUT,
     Epilogue,
     Geometry,
     bcast_tile_kernel,
     block_count,
+    cmin,
     epi_block,
     needs_pad,
+    split_unit,
+    task_bounds,
     task_loop,
 )
 
@@ -97,29 +101,30 @@ def rows_conv(g: Geometry, x: str, packed: str, y: str, target: Target, epi: Epi
     wsize = g.group * nb * cg * mb
     # Work units as in the tiled path; with packing, the chunk's input is first copied into per-tile
     # panels [tile][ci][positions], so the micro-kernel streams it sequentially (GEMM's packed B).
-    body = [f"const size_t blk = t % {nb}, ch = t / {nb} % {nch}, grp = t / {nb * nch} % {g.group}, "
-            f"n = t / {nb * nch * g.group};",
-            f"const float *xg = {x} + (n * {g.c} + grp * {cg}) * {g.in_size};",
-            f"const size_t send = ch * {chunk} + {chunk} < {OS} ? ch * {chunk} + {chunk} : {OS};"]
+    decl, u = split_unit("t", [("blk", nb), ("ch", nch), ("grp", g.group), ("n", g.n)], keep=bool(epi))
+    blk, ch, grp, n = u["blk"], u["ch"], u["grp"], u["n"]
+    body = [*([decl] if decl else []),
+            f"const float *xg = {offset(x, (n * g.c + grp * cg) * g.in_size)};",
+            f"const size_t send = {cmin(ch * chunk + chunk, OS)};"]
     if pack:
         body += ["if (t == t0 || blk == 0) {",
-                 f"  for (size_t s0 = ch * {chunk}, k = 0; s0 < send; s0 += {pv}, k++) {{",
+                 f"  for (size_t s0 = {ch * chunk}, k = 0; s0 < send; s0 += {pv}, k++) {{",
                  f"    const size_t sb = s0 + {pv} <= {OS} ? s0 : {OS - pv};",
                  f"    for (size_t ci = 0; ci < {cg}; ci++)",
                  f"      for (size_t j = 0; j < {pv}; j++)",
                  f"        panel[(k * {cg} + ci) * {pv} + j] = xg[ci * {g.in_size} + sb + j];",
                  "  }",
                  "}"]
-    body += [f"const float *wp = {packed} + (grp * {nb} + blk) * {cg * mb};",
-             f"const float *bias = {packed} + {wsize} + (grp * {nb} + blk) * {mb};",
-             f"const size_t c0 = grp * {mg} + blk * {mb}, cn = {block_count(mg, mb)};",
-             f"for (size_t s0 = ch * {chunk}, k = 0; s0 < send; s0 += {pv}, k++) {{",
+    body += [f"const float *wp = {offset(packed, (grp * nb + blk) * (cg * mb))};",
+             f"const float *bias = {offset(packed, (grp * nb + blk) * mb + wsize)};",
+             f"const size_t c0 = {grp * mg + blk * mb}, cn = {block_count(mg, mb)};",
+             f"for (size_t s0 = {ch * chunk}, k = 0; s0 < send; s0 += {pv}, k++) {{",
              f"  const size_t sb = s0 + {pv} <= {OS} ? s0 : {OS - pv};  /* the last tile overlaps */",
              f"  float tile[{mb * pv}] __attribute__((aligned(64)));",
              f"  {fn}({f'panel + k * {cg * pv}' if pack else 'xg + sb'}, wp, bias, tile, {cg});",
              "  for (size_t i = 0; i < cn; i++) {",
              "    const size_t c = c0 + i;",
-             f"    float *restrict yr = {y} + (n * {g.m} + c) * {OS} + sb;",
+             f"    float *restrict yr = {offset(y, (n * g.m + 'c') * OS + 'sb')};",
              f"    {WRITE_OUT}",
              f"    for (size_t j = 0; j < {pv}; j++) {{",
              *(["      const size_t s = sb + j; (void)s;"] if epi else []),
@@ -131,5 +136,5 @@ def rows_conv(g: Geometry, x: str, packed: str, y: str, target: Target, epi: Epi
     head = ""
     if pack:
         head = (f"float *restrict panel = scratch + task * (size_t){chunk * cg};\n"
-                f"const size_t t0 = (size_t){units} * task / ntasks;\n")
+                f"{task_bounds(units, hi=None)}\n")
     return helpers, head + task_loop(units, "\n".join("  " + ln for ln in body))

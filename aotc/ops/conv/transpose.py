@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from aotc.ir.graph import Node
-from aotc.ops.conv.common import geometry, task_loop
+from aotc.ops.affine import Ix, offset
+from aotc.ops.conv.common import geometry, plane_unit, task_loop
 
 
 def conv_transpose_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
@@ -13,13 +14,14 @@ def conv_transpose_emit(node: Node, ins: list[str], outs: list[str], ctype: str)
     x, w, y = ins[0], ins[1], outs[0]
     b = ins[2] if len(ins) > 2 else None
     OD, OH, OW = g.out
-    lines = [f"const size_t n = t / {g.m}, c = t % {g.m}, grp = c / {mg}, cl = c % {mg};",
-             f"{ctype} *yo = {y} + t * {g.out_size};",
+    c = Ix.of("c")
+    lines = [plane_unit(g),
+             f"{ctype} *yo = {offset(y, Ix.of('t') * g.out_size)};",
              f"for (size_t s = 0; s < {g.out_size}; s++) yo[s] = {f'{b}[c]' if b else '0'};",
              f"for (size_t ci = 0; ci < {cg}; ci++) {{",
-             f"  const size_t cin = grp * {cg} + ci;",
-             f"  const {ctype} *xc = {x} + (n * {g.c} + cin) * {g.in_size};",
-             f"  const {ctype} *wc = {w} + (cin * {mg} + cl) * {g.taps};",
+             f"  const size_t cin = {c // mg * cg + 'ci'};",
+             f"  const {ctype} *xc = {offset(x, (Ix.of('n') * g.c + 'cin') * g.in_size)};",
+             f"  const {ctype} *wc = {offset(w, (Ix.of('cin') * mg + c % mg) * g.taps)};",
              f"  for (ptrdiff_t kd = 0; kd < {g.k[0]}; kd++)",
              f"  for (ptrdiff_t kh = 0; kh < {g.k[1]}; kh++)",
              f"  for (ptrdiff_t kw = 0; kw < {g.k[2]}; kw++) {{",

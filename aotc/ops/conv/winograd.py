@@ -49,7 +49,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from aotc.ops.conv.common import Epilogue, Geometry, bcast_tile_kernel, epi_block, task_loop
+from aotc.ops.affine import Ix, offset
+from aotc.ops.conv.common import Epilogue, Geometry, bcast_tile_kernel, epi_block, split_unit, task_bounds, task_loop
 
 if TYPE_CHECKING:
     from aotc.target import Target
@@ -236,7 +237,8 @@ def winograd_conv(g: Geometry, x: str, packed: str, y: str, target: Target, epi:
                 for k in sorted({nv, (tp // L) % nv} - {0})]
 
     # Input transform of one tile row: d[r][c] = phase-split row r, phase c % m, column j + c / m.
-    d = [[f"ph[{(r * m + c % m) * kw} + j + {c // m}]" for c in range(a)] for r in range(a)]
+    j = Ix.of("j")
+    d = [[f"ph[{j + (r * m + c % m) * kw + c // m}]" for c in range(a)] for r in range(a)]
     tin = []
     for r in range(a):  # along each row: t[r][c'] = sum_c BT[c'][c] d[r][c]
         tin += [f"const float t{r}_{c2} = {_combo(bt[c2], d[r])};" for c2 in range(a)]
@@ -251,7 +253,7 @@ def winograd_conv(g: Geometry, x: str, packed: str, y: str, target: Target, epi:
         tout += [f"const float s{r}_{c2} = {_combo(at[c2], mv[r])};" for c2 in range(m)]
     for r2 in range(m):
         for c2 in range(m):
-            tout.append(f"orow[{r2 * orw} + j * {m} + {c2}] = {_combo(at[r2], [f's{r}_{c2}' for r in range(a)])};")
+            tout.append(f"orow[{j * m + r2 * orw + c2}] = {_combo(at[r2], [f's{r}_{c2}' for r in range(a)])};")
 
     nu = plan.units_per_image
     uoff = n_pts * nb * C * mb
@@ -261,10 +263,13 @@ def winograd_conv(g: Geometry, x: str, packed: str, y: str, target: Target, epi:
     # parts, 7 tile rows still split evenly over 2 threads, and a task that goes on to the next part
     # of the same tile rows reuses their input transform.
     parts = _parts(plan)
-    body = [f"const size_t part = t % {parts}, n = t / {parts * nu}, tr0 = t / {parts} % {nu} * {rt};",
-            f"const size_t b0 = part * {nb} / {parts}, b1 = (part + 1) * {nb} / {parts};",
+    decl, u = split_unit("t", [("part", parts), ("tr", nu), ("n", g.n)], keep=bool(epi))
+    part, tr0, n = u["part"], u["tr"] * rt, u["n"]
+    body = [*([decl] if decl else []),
+            f"const size_t tr0 = {tr0};",
+            f"const size_t b0 = {part * nb // parts}, b1 = {(part + 1) * nb // parts};",
             f"const size_t c1 = b1 * {mb} < {M} ? b1 * {mb} : {M};",
-            f"const float *restrict xn = {x} + n * {C * IS};",
+            f"const float *restrict xn = {offset(x, n * (C * IS))};",
             # Tile slots past the unit's tiles (and past the plane) read zeros: rows outside the
             # input are zero-filled, and columns past rt * tw are zeroed once per task.
             "if (t == t0) {",
@@ -272,7 +277,7 @@ def winograd_conv(g: Geometry, x: str, packed: str, y: str, target: Target, epi:
             f"  for (size_t i = 0; i < {n_pts * C}; i++)",
             f"    for (size_t j = {rt * tw}; j < {tp}; j++) vv[i * {tp} + j] = 0;",
             "}",
-            f"if (t == t0 || part == 0) for (size_t ic = 0; ic < {C}; ic++) {{",
+            f"{'' if parts == 1 else 'if (t == t0 || part == 0) '}for (size_t ic = 0; ic < {C}; ic++) {{",
             f"  for (size_t ti = 0; ti < {rt}; ti++) {{",
             f"    for (size_t r = 0; r < {a}; r++) {{",
             f"      const ptrdiff_t ih = (ptrdiff_t)((tr0 + ti) * {m} + r) - {PH};",
@@ -281,7 +286,7 @@ def winograd_conv(g: Geometry, x: str, packed: str, y: str, target: Target, epi:
             f"        const float *restrict xr = xn + ic * {IS} + ih * {IW};",
             f"        for (size_t i = 0; i < {IW}; i++) prow[{PW} + i] = xr[i];",
             f"        for (size_t k = 0; k < {kw}; k++) {{",
-            *(f"          pr[{c * kw} + k] = prow[k * {m} + {c}];" for c in range(m)),
+            *(f"          pr[{Ix.of('k') + c * kw}] = prow[{Ix.of('k') * m + c}];" for c in range(m)),
             "        }",
             "      } else {",
             f"        for (size_t i = 0; i < {m * kw}; i++) pr[i] = 0;",
@@ -295,7 +300,8 @@ def winograd_conv(g: Geometry, x: str, packed: str, y: str, target: Target, epi:
             "  for (size_t blk = b0; blk < b1; blk++) {",
             f"    const float *restrict u = {packed} + (xi * {nb} + blk) * {C * mb};",
             f"    float *restrict mo = mm + (xi * {mp} + blk * {mb}) * {tp};",
-            *(f"    {fn}_mk{k}(vv + xi * {C * tp} + {p0}, u, {fn}_zeros, mo + {p0}, {C});" for p0, k in groups),
+            *(f"    {fn}_mk{k}({offset('vv', Ix.of('xi') * (C * tp) + p0)}, u, {fn}_zeros, {offset('mo', p0)}, {C});"
+              for p0, k in groups),
             "  }",
             f"for (size_t c = b0 * {mb}; c < c1; c++) {{",
             f"  const float bc = {packed}[{uoff} + c];",
@@ -307,7 +313,7 @@ def winograd_conv(g: Geometry, x: str, packed: str, y: str, target: Target, epi:
             f"  for (size_t r = 0; r < {rt * m} && tr0 * {m} + r < {OH}; r++) {{",
             f"    const size_t s0 = (tr0 * {m} + r) * {OW};",
             f"    const float *restrict orow = ob + r * {orw};",
-            f"    float *restrict yr = {y} + (n * {M} + c) * {OS} + s0;",
+            f"    float *restrict yr = {offset(y, (n * M + 'c') * OS + 's0')};",
             f"    for (size_t q = 0; q < {OW}; q++) {{",
             *(["      const size_t s = s0 + q; (void)s;"] if epi else []),
             "      float v = orow[q] + bc;",
@@ -319,5 +325,5 @@ def winograd_conv(g: Geometry, x: str, packed: str, y: str, target: Target, epi:
     head = (f"float *restrict prow = scratch + task * (size_t){sum(sizes)};\n"
             + "".join(f"float *restrict {nm} = prow + {o};\n" for nm, o in zip(("ph", "vv", "mm", "ob"), offs[1:],
                                                                                  strict=True))
-            + f"const size_t t0 = (size_t){g.n * nu * parts} * task / ntasks;\n")
+            + f"{task_bounds(g.n * nu * parts, hi=None)}\n")
     return "\n".join(helpers) + "\n", head + task_loop(g.n * nu * parts, "\n".join("  " + ln for ln in body))
