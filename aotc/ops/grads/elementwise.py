@@ -47,7 +47,7 @@ def _div(b: GradBuilder, node: Node, dys: Grads, needs: list[bool]) -> Grads:
     g, (_, y), out = dys[0], node.inputs, node.outputs[0]
     assert g is not None and y is not None
     gx = b.div(g, y)
-    return _to_inputs(b, node, needs, gx, b.neg(b.mul(gx, b.div(out, y))) if needs[1] else None)
+    return _to_inputs(b, node, needs, gx, b.neg(b.mul(gx, out)) if needs[1] else None)
 
 
 @rule("Sum")

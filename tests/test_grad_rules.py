@@ -1,0 +1,223 @@
+"""Every gradient rule (aotc/ops/grads/) against PyTorch autograd and finite differences in float64: each
+family's cases compile into one library (tests/grad_check.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from grad_check import case, check_gradients, rand
+from onnx import TensorProto, helper
+
+
+def _i64(*v: int) -> np.ndarray:
+    return np.array(v, np.int64)
+
+
+def test_elementwise_gradients(tmp_path) -> None:
+    pos = rand(3, 4, low=0.5)
+    cond = rand(3, 4) > 0
+    cases = [
+        case("add_broadcast", "Add", [rand(2, 3, 4), rand(3, 1)], torch.add),
+        case("sub_broadcast", "Sub", [rand(3, 4), rand(4)], torch.sub),
+        case("mul_broadcast", "Mul", [rand(2, 3, 4), rand(1, 4)], torch.mul),
+        case("div", "Div", [rand(3, 4), rand(4, low=1.0) * np.array([1, -1, 1, -1])], torch.div),
+        case("pow_const", "Pow", [pos, "e"], torch.pow, consts={"e": np.array(3.0)}),
+        case("pow_square", "Pow", [rand(3, 4), "e"], torch.pow, consts={"e": np.array(2.0)}),
+        case("pow_both", "Pow", [pos, rand(4)], torch.pow),
+        case("sum3", "Sum", [rand(3, 4), rand(4), rand(3, 1)], lambda a, b, c: a + b + c),
+        case("mean2", "Mean", [rand(3, 4), rand(4)], lambda a, b: (a + b) / 2),
+        case("where", "Where", ["c", rand(3, 4), rand(4)], torch.where, consts={"c": cond}),
+        case("max", "Max", [rand(3, 4), rand(4)], torch.maximum),
+        case("min", "Min", [rand(3, 4), rand(3, 4)], torch.minimum),
+        case("neg", "Neg", [rand(5)], torch.neg),
+        case("identity", "Identity", [rand(5)], lambda x: x),
+        case("relu", "Relu", [rand(3, 4)], torch.relu),
+        case("leaky_relu", "LeakyRelu", [rand(3, 4)], lambda x: F.leaky_relu(x, 0.2), alpha=0.2),
+        case("sigmoid", "Sigmoid", [rand(3, 4)], torch.sigmoid),
+        case("tanh", "Tanh", [rand(3, 4)], torch.tanh),
+        case("exp", "Exp", [rand(3, 4)], torch.exp),
+        case("log", "Log", [pos], torch.log),
+        case("sqrt", "Sqrt", [pos], torch.sqrt),
+        case("reciprocal", "Reciprocal", [pos], torch.reciprocal),
+        case("abs", "Abs", [rand(3, 4)], torch.abs),
+        case("softplus", "Softplus", [rand(3, 4)], F.softplus),
+        case("gelu_tanh", "Gelu", [rand(3, 4)], lambda x: F.gelu(x, approximate="tanh"), approximate="tanh"),
+        case("clip", "Clip", [rand(3, 4), "lo", "hi"], torch.clamp,
+             consts={"lo": np.array(-0.5), "hi": np.array(0.7)}),
+    ]
+    for erf in (case("erf", "Erf", [rand(3, 4)], torch.erf), case("gelu", "Gelu", [rand(3, 4)], F.gelu)):
+        erf.finite_differences = False  # onnx.reference computes erf in float32 whatever the input type
+        cases.append(erf)
+    cast = case("cast_round_trip", "Cast", [rand(6)], lambda x: x, to=TensorProto.DOUBLE)
+    cast.nodes.append(helper.make_node("Cast", cast.outputs, [cast.outputs[0] + "_f"], to=TensorProto.FLOAT))
+    cast.outputs = [cast.outputs[0] + "_f"]
+    cast.finite_differences = False  # the float64 graph would cast to float32 and back
+    cases.append(cast)
+    check_gradients(cases, tmp_path)
+
+
+def _gemm(ta=0, tb=0, alpha=1.0, beta=1.0):
+    def fn(a, b, c=None):
+        y = alpha * ((a.T if ta else a) @ (b.T if tb else b))
+        return y if c is None else y + beta * c
+    return fn
+
+
+def test_matmul_and_gemm_gradients(tmp_path) -> None:
+    cases = [
+        case("matmul_2d", "MatMul", [rand(3, 4), rand(4, 5)], torch.matmul),
+        case("matmul_shared_b", "MatMul", [rand(2, 3, 4), rand(4, 5)], torch.matmul),
+        case("matmul_shared_a", "MatMul", [rand(3, 4), rand(2, 4, 5)], torch.matmul),
+        case("matmul_batched", "MatMul", [rand(2, 3, 4), rand(2, 4, 5)], torch.matmul),
+        case("matmul_broadcast", "MatMul", [rand(2, 1, 3, 4), rand(3, 4, 2)], torch.matmul),
+        case("matmul_vec_mat", "MatMul", [rand(4), rand(4, 5)], torch.matmul),
+        case("matmul_mat_vec", "MatMul", [rand(2, 3, 4), rand(4)], torch.matmul),
+        case("gemm", "Gemm", [rand(3, 4), rand(4, 5), rand(5)], _gemm()),
+        case("gemm_ta", "Gemm", [rand(4, 3), rand(4, 5), rand(3, 1)], _gemm(ta=1, alpha=0.5), transA=1, alpha=0.5),
+        case("gemm_tb", "Gemm", [rand(3, 4), rand(5, 4), rand(3, 5)], _gemm(tb=1, beta=2.0), transB=1, beta=2.0),
+        case("gemm_tab", "Gemm", [rand(4, 3), rand(5, 4)], _gemm(1, 1), transA=1, transB=1),
+    ]
+    check_gradients(cases, tmp_path)
+
+
+def test_shape_gradients(tmp_path) -> None:
+    x = rand(2, 3, 4)
+    cases = [
+        case("reshape", "Reshape", [x, "s"], lambda x, s: x.reshape(4, 6), consts={"s": _i64(4, -1)}),
+        case("flatten", "Flatten", [rand(2, 3, 4)], lambda x: x.reshape(6, 4), axis=2),
+        case("squeeze", "Squeeze", [rand(2, 1, 4), "a"], lambda x, a: x.squeeze(1), consts={"a": _i64(1)}),
+        case("unsqueeze", "Unsqueeze", [rand(2, 4), "a"], lambda x, a: x[:, None, :, None],
+             consts={"a": _i64(1, 3)}),
+        case("transpose", "Transpose", [rand(2, 3, 4)], lambda x: x.permute(1, 2, 0), perm=[1, 2, 0]),
+        case("expand", "Expand", [rand(3, 1), "s"], lambda x, s: x.expand(2, 3, 4), consts={"s": _i64(2, 3, 4)}),
+        case("concat", "Concat", [rand(2, 1, 4), rand(2, 3, 4), rand(2, 2, 4)], lambda *v: torch.cat(v, 1), axis=1),
+        case("split", "Split", [rand(2, 5), "s"], lambda x, s: torch.split(x, [2, 3], 1), consts={"s": _i64(2, 3)},
+             n_out=2, axis=1),
+        case("slice", "Slice", [rand(4, 6), "b", "e", "a"], lambda x, *_: x[1:3, 2:5],
+             consts={"b": _i64(1, 2), "e": _i64(3, 5), "a": _i64(0, 1)}),
+        case("slice_steps", "Slice", [rand(4, 7), "b", "e", "a", "st"], lambda x, *_: x[[3, 1]][:, 1::3],
+             consts={"b": _i64(-1, 1), "e": _i64(-5, 100), "a": _i64(0, 1), "st": _i64(-2, 3)}),
+        case("pad", "Pad", [rand(2, 3), "p", "v"], lambda x, *_: F.pad(x, (2, 0, 1, 1)),
+             consts={"p": _i64(1, 2, 1, 0), "v": np.array(0.0)}),
+        case("gather_rows", "Gather", [rand(5, 3), "i"], lambda x, i: x[i], consts={"i": _i64(0, 3, 3, 1)}),
+        case("gather_axis1", "Gather", [rand(2, 4, 3), "i"], lambda x, i: x[:, [[3, 0]]],
+             consts={"i": _i64(-1, 0).reshape(1, 2)}, axis=1),
+    ]
+    check_gradients(cases, tmp_path)
+
+
+def test_reduce_gradients(tmp_path) -> None:
+    cases = [
+        case("sum_axis", "ReduceSum", [rand(2, 3, 4), "a"], lambda x, a: x.sum(1), consts={"a": _i64(1)}, keepdims=0),
+        case("sum_all", "ReduceSum", [rand(2, 3)], lambda x: x.sum().reshape(1, 1)),
+        case("mean", "ReduceMean", [rand(2, 3, 4), "a"], lambda x, a: x.mean((0, 2), keepdim=True),
+             consts={"a": _i64(0, -1)}),
+        case("sum_square", "ReduceSumSquare", [rand(3, 4), "a"], lambda x, a: (x * x).sum(1),
+             consts={"a": _i64(1)}, keepdims=0),
+        case("l2", "ReduceL2", [rand(3, 4), "a"], lambda x, a: x.norm(dim=1, keepdim=True), consts={"a": _i64(1)}),
+        case("logsumexp", "ReduceLogSumExp", [rand(3, 4), "a"], lambda x, a: x.logsumexp(1),
+             consts={"a": _i64(1)}, keepdims=0),
+        case("max", "ReduceMax", [rand(3, 4), "a"], lambda x, a: x.amax(1), consts={"a": _i64(1)}, keepdims=0),
+        case("min", "ReduceMin", [rand(3, 4, 2), "a"], lambda x, a: x.amin((0, 2), keepdim=True),
+             consts={"a": _i64(0, 2)}),
+    ]
+    check_gradients(cases, tmp_path)
+
+
+def _dropout_factors(shape, ratio, seed):  # how onnx.reference and aotc draw a seeded mask
+    mask = np.random.RandomState(seed).uniform(0, 1, shape) >= ratio
+    return torch.tensor(mask / (1 - ratio))
+
+
+def test_softmax_dropout_and_loss_gradients(tmp_path) -> None:
+    w = rand(5, low=0.5)
+    t = _i64(0, 4, 2, 2)
+    t4 = np.random.default_rng(3).integers(0, 3, (2, 2, 3))
+    cases = [
+        case("softmax", "Softmax", [rand(3, 5)], lambda x: x.softmax(-1)),
+        case("softmax_axis1", "Softmax", [rand(2, 3, 4)], lambda x: x.softmax(1), axis=1),
+        case("log_softmax", "LogSoftmax", [rand(2, 3, 4)], lambda x: x.log_softmax(1), axis=1),
+        case("dropout", "Dropout", [rand(4, 5), "r", "tm"], lambda x, *_: x * _dropout_factors((4, 5), 0.3, 5),
+             consts={"r": np.array(0.3, np.float32), "tm": np.array(True)}, seed=5),
+        case("dropout_inference", "Dropout", [rand(4, 5)], lambda x: x),
+        case("sce_mean", "SoftmaxCrossEntropyLoss", [rand(4, 5), "t"], lambda x, t: F.cross_entropy(x, t),
+             consts={"t": t}),
+        case("sce_weights_ignore", "SoftmaxCrossEntropyLoss", [rand(4, 5), "t", "w"],
+             lambda x, t, w: F.cross_entropy(x, t, weight=w, ignore_index=2), consts={"t": t, "w": w}, ignore_index=2),
+        case("sce_sum_4d", "SoftmaxCrossEntropyLoss", [rand(2, 3, 2, 3), "t"],
+             lambda x, t: F.cross_entropy(x, t, reduction="sum"), consts={"t": t4}, reduction="sum"),
+        case("sce_none", "SoftmaxCrossEntropyLoss", [rand(4, 5), "t"],
+             lambda x, t: F.cross_entropy(x, t, reduction="none"), consts={"t": t}, reduction="none"),
+        case("sce_log_prob", "SoftmaxCrossEntropyLoss", [rand(4, 5), "t"],
+             lambda x, t: (F.cross_entropy(x, t), x.log_softmax(1)), consts={"t": t}, n_out=2),
+        case("nll_mean", "NegativeLogLikelihoodLoss", [rand(4, 5), "t"], lambda x, t: F.nll_loss(x, t),
+             consts={"t": t}),
+        case("nll_weights", "NegativeLogLikelihoodLoss", [rand(2, 3, 2, 3), "t", "w"],
+             lambda x, t, w: F.nll_loss(x, t, weight=w, ignore_index=1), consts={"t": t4, "w": w[:3]},
+             ignore_index=1),
+    ]
+    check_gradients(cases, tmp_path)
+
+
+def test_normalization_gradients(tmp_path) -> None:
+    mean, var = rand(3), rand(3, low=0.5)
+    cases = [
+        case("bn_training", "BatchNormalization", [rand(4, 3, 2, 3) * 2 + 1, rand(3), rand(3), "m", "v"],
+             lambda x, s, b, m, v: F.batch_norm(x, None, None, s, b, training=True, eps=1e-3),
+             consts={"m": mean, "v": var}, training_mode=1, epsilon=1e-3),
+        case("bn_training_2d", "BatchNormalization", [rand(6, 3), rand(3), rand(3), "m", "v"],
+             lambda x, s, b, m, v: F.batch_norm(x, None, None, s, b, training=True), consts={"m": mean, "v": var},
+             training_mode=1),
+        case("bn_inference", "BatchNormalization", [rand(2, 3, 4), rand(3), rand(3), "m", "v"],
+             lambda x, s, b, m, v: F.batch_norm(x, m, v, s, b, training=False), consts={"m": mean, "v": var}),
+        case("layernorm", "LayerNormalization", [rand(3, 6), rand(6), rand(6)],
+             lambda x, s, b: F.layer_norm(x, (6,), s, b)),
+        case("layernorm_axis1", "LayerNormalization", [rand(2, 3, 4), rand(3, 4)],
+             lambda x, s: F.layer_norm(x, (3, 4), s, eps=1e-3), axis=1, epsilon=1e-3),
+    ]
+    for c in cases[:2]:  # onnx.reference's training BatchNorm rounds the statistics to float32
+        c.finite_differences = False
+    check_gradients(cases, tmp_path)
+
+
+def test_pool_gradients(tmp_path) -> None:
+    cases = [
+        case("maxpool", "MaxPool", [rand(2, 3, 6, 6)], lambda x: F.max_pool2d(x, 2), kernel_shape=[2, 2],
+             strides=[2, 2]),
+        case("maxpool_pad", "MaxPool", [rand(1, 2, 5, 5)], lambda x: F.max_pool2d(x, 3, 1, 1), kernel_shape=[3, 3],
+             pads=[1, 1, 1, 1]),
+        case("maxpool_ceil_dilated", "MaxPool", [rand(1, 2, 7, 8)],
+             lambda x: F.max_pool2d(x, 2, 2, 0, 2, ceil_mode=True), kernel_shape=[2, 2], strides=[2, 2],
+             dilations=[2, 2], ceil_mode=1),
+        case("maxpool_1d", "MaxPool", [rand(2, 2, 9)], lambda x: F.max_pool1d(x, 3, 2), kernel_shape=[3], strides=[2]),
+        case("avgpool", "AveragePool", [rand(2, 3, 6, 6)], lambda x: F.avg_pool2d(x, 2), kernel_shape=[2, 2],
+             strides=[2, 2]),
+        case("avgpool_pad", "AveragePool", [rand(1, 2, 5, 5)],
+             lambda x: F.avg_pool2d(x, 3, 2, 1, count_include_pad=False), kernel_shape=[3, 3], strides=[2, 2],
+             pads=[1, 1, 1, 1]),
+        case("avgpool_pad_counted", "AveragePool", [rand(1, 2, 5, 5)],
+             lambda x: F.avg_pool2d(x, 3, 2, 1, count_include_pad=True), kernel_shape=[3, 3], strides=[2, 2],
+             pads=[1, 1, 1, 1], count_include_pad=1),
+        case("global_avg", "GlobalAveragePool", [rand(2, 3, 4, 5)], lambda x: x.mean((2, 3), keepdim=True)),
+        case("global_max", "GlobalMaxPool", [rand(2, 3, 4, 5)], lambda x: x.amax((2, 3), keepdim=True)),
+    ]
+    check_gradients(cases, tmp_path)
+
+
+def test_conv_gradients(tmp_path) -> None:
+    cases = [
+        case("conv3x3", "Conv", [rand(2, 3, 6, 6), rand(4, 3, 3, 3), rand(4)], lambda x, w, b: F.conv2d(x, w, b, 1, 1),
+             pads=[1, 1, 1, 1]),
+        case("conv_stride_dilation", "Conv", [rand(2, 2, 9, 8), rand(3, 2, 3, 2)],
+             lambda x, w: F.conv2d(x, w, None, (2, 1), (1, 0), (2, 1)), strides=[2, 1], pads=[1, 0, 1, 0],
+             dilations=[2, 1]),
+        case("conv_groups", "Conv", [rand(2, 4, 5, 5), rand(6, 2, 3, 3), rand(6)],
+             lambda x, w, b: F.conv2d(x, w, b, groups=2), group=2),
+        case("conv_depthwise", "Conv", [rand(2, 3, 6, 6), rand(6, 1, 3, 3)],
+             lambda x, w: F.conv2d(x, w, None, 2, 1, groups=3), group=3, strides=[2, 2], pads=[1, 1, 1, 1]),
+        case("conv_1x1", "Conv", [rand(2, 5, 4, 4), rand(3, 5, 1, 1), rand(3)], lambda x, w, b: F.conv2d(x, w, b)),
+        case("conv_1d", "Conv", [rand(2, 3, 10), rand(4, 3, 3)], lambda x, w: F.conv1d(x, w, None, 2, 1),
+             strides=[2], pads=[1, 1]),
+    ]
+    check_gradients(cases, tmp_path)
