@@ -1,0 +1,169 @@
+"""aotc.training.autodiff.gradients on whole models: an MLP and a small CNN (Conv, training-mode
+BatchNorm, Relu, MaxPool, Gemm, softmax cross-entropy) against torch.autograd; its errors; the backward
+kernels under the sanitizers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from onnx import TensorProto, helper, numpy_helper
+from onnx_helpers import IR_VERSION, SANITIZE, run_generated_test_under_sanitizers
+
+import aotc
+from aotc.frontends.onnx import import_onnx
+from aotc.training.autodiff import NoGradientError, gradients
+
+
+def _vi(name, shape, dt=TensorProto.FLOAT):
+    return helper.make_tensor_value_info(name, dt, shape)
+
+
+def _model(nodes, inputs, inits=(), opset=17):
+    g = helper.make_graph(nodes, "m", inputs, [_vi("loss", [])], list(inits))
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = IR_VERSION
+    return m
+
+
+def _with_gradients(model, wrt, name):
+    graph = import_onnx(model, name=name)
+    values = {v.name: v for v in graph.values()}
+    grads = gradients(graph, values["loss"], [values[n] for n in wrt])
+    graph.outputs = [values["loss"], *(grads[n] for n in wrt)]
+    return graph
+
+
+def _compare(got, loss, params, rtol=1e-4):
+    np.testing.assert_allclose(got[0], loss.item(), rtol=rtol)
+    for (name, p), g in zip(params.items(), got[1:], strict=True):
+        want = p.grad.numpy()
+        np.testing.assert_allclose(g, want, rtol=rtol, atol=rtol * max(np.abs(want).max(), 1e-3), err_msg=name)
+
+
+def _params(rng, shapes, scale=0.3):
+    return {n: (rng.standard_normal(s) * scale).astype(np.float32) for n, s in shapes.items()}
+
+
+def _torch(arrays):
+    return {n: torch.tensor(a, dtype=torch.float64, requires_grad=True) for n, a in arrays.items()}
+
+
+def test_mlp_gradients_match_torch(tmp_path) -> None:
+    rng = np.random.default_rng(0)
+    shapes = {"w1": (32, 20), "b1": (32,), "w2": (32, 16), "b2": (16,), "w3": (10, 16), "b3": (10,)}
+    nodes = [helper.make_node("Gemm", ["x", "w1", "b1"], ["h1"], transB=1),
+             helper.make_node("Relu", ["h1"], ["a1"]),
+             helper.make_node("MatMul", ["a1", "w2"], ["m2"]),
+             helper.make_node("Add", ["m2", "b2"], ["h2"]),
+             helper.make_node("Tanh", ["h2"], ["a2"]),
+             helper.make_node("Gemm", ["a2", "w3", "b3"], ["z"], transB=1),
+             helper.make_node("SoftmaxCrossEntropyLoss", ["z", "t"], ["loss"])]
+    inputs = [_vi("x", [8, 20]), *(_vi(n, list(s)) for n, s in shapes.items()), _vi("t", [8], TensorProto.INT64)]
+    graph = _with_gradients(_model(nodes, inputs), list(shapes), "mlp")
+    params = _params(rng, shapes)
+    x = rng.standard_normal((8, 20)).astype(np.float32)
+    t = rng.integers(0, 10, 8)
+    got = aotc.compile(graph, tmp_path, name="mlp", threads=2).run({"x": x, "t": t, **params})
+    p = _torch(params)
+    a1 = torch.relu(torch.tensor(x, dtype=torch.float64) @ p["w1"].T + p["b1"])
+    z = torch.tanh(a1 @ p["w2"] + p["b2"]) @ p["w3"].T + p["b3"]
+    loss = F.cross_entropy(z, torch.tensor(t))
+    loss.backward()
+    _compare(got, loss, p)
+
+
+def _cnn():
+    shapes = {"w1": (4, 1, 3, 3), "b1": (4,), "s1": (4,), "o1": (4,), "w2": (6, 2, 3, 3),
+              "w3": (10, 6 * 2 * 2), "b3": (10,)}
+    inits = [numpy_helper.from_array(np.zeros(4, np.float32), "rm"),
+             numpy_helper.from_array(np.ones(4, np.float32), "rv"),
+             numpy_helper.from_array(np.array([0, -1], np.int64), "flat")]
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c1", "s1", "o1", "rm", "rv"], ["n1"], training_mode=1),
+             helper.make_node("Relu", ["n1"], ["r1"]),
+             helper.make_node("MaxPool", ["r1"], ["p1"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("Conv", ["p1", "w2"], ["c2"], group=2, strides=[2, 2], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c2"], ["r2"]),
+             helper.make_node("Reshape", ["r2", "flat"], ["f"]),
+             helper.make_node("Gemm", ["f", "w3", "b3"], ["z"], transB=1),
+             helper.make_node("SoftmaxCrossEntropyLoss", ["z", "t"], ["loss"])]
+    inputs = [_vi("x", [5, 1, 8, 8]), *(_vi(n, list(s)) for n, s in shapes.items()), _vi("t", [5], TensorProto.INT64)]
+    return _model(nodes, inputs, inits, opset=15), shapes
+
+
+def _cnn_loss(p, t):
+    h = F.batch_norm(F.conv2d(p["x"], p["w1"], p["b1"], padding=1), None, None, p["s1"], p["o1"], training=True)
+    h = F.conv2d(F.max_pool2d(torch.relu(h), 2), p["w2"], None, 2, 1, groups=2)
+    z = torch.relu(h).reshape(len(t), -1) @ p["w3"].T + p["b3"]
+    return F.cross_entropy(z, torch.tensor(t))
+
+
+def _cnn_feeds(seed):
+    rng = np.random.default_rng(seed)
+    params = _params(rng, _cnn()[1])
+    params["s1"] += 1
+    return {**params, "x": rng.standard_normal((5, 1, 8, 8)).astype(np.float32)}, rng.integers(0, 10, 5)
+
+
+def test_cnn_gradients_match_torch(tmp_path) -> None:
+    model, shapes = _cnn()
+    arrays, t = _cnn_feeds(1)
+    graph = _with_gradients(model, list(arrays), "cnn")
+    got = aotc.compile(graph, tmp_path, name="cnn", threads=2).run({**arrays, "t": t})
+    p = _torch(arrays)
+    loss = _cnn_loss(p, t)
+    loss.backward()
+    _compare(got, loss, p)
+
+
+def test_every_op_without_a_rule_is_listed() -> None:
+    nodes = [helper.make_node("Sin", ["x"], ["a"]), helper.make_node("Cos", ["a"], ["b"]),
+             helper.make_node("Sin", ["b"], ["c"]), helper.make_node("HardSigmoid", ["c"], ["d"]),
+             helper.make_node("Relu", ["d"], ["e"]), helper.make_node("ReduceSum", ["e"], ["loss"], keepdims=0)]
+    graph = import_onnx(_model(nodes, [_vi("x", [3])]))
+    values = {v.name: v for v in graph.values()}
+    with pytest.raises(NoGradientError, match="no gradient for: Cos .*; HardSigmoid .*; Sin \\(nodes: .*, .*\\)") as e:
+        gradients(graph, values["loss"], [values["x"]])
+    assert sorted(e.value.missing) == ["Cos", "HardSigmoid", "Sin"] and len(e.value.missing["Sin"]) == 2
+
+
+def test_refusals_and_values_the_loss_does_not_read() -> None:
+    nodes = [helper.make_node("Mul", ["x", "w"], ["y"]), helper.make_node("ReduceSum", ["y"], ["loss"], keepdims=0)]
+    inits = [numpy_helper.from_array(np.ones(3, np.float32), "w")]
+    graph = import_onnx(_model(nodes, [_vi("x", [3]), _vi("u", [2, 2])], inits))
+    values = {v.name: v for v in graph.values()}
+    with pytest.raises(aotc.AotcError, match="'w': it is a constant"):
+        gradients(graph, values["loss"], [values["w"]])
+    with pytest.raises(aotc.AotcError, match="must be a float scalar"):
+        gradients(graph, values["y"], [values["x"]])
+    grads = gradients(graph, values["loss"], [values["x"], values["u"]])
+    assert grads["u"].shape == (2, 2) and grads["u"].dtype == np.float32
+
+
+@pytest.mark.slow
+def test_backward_kernels_are_clean_under_sanitizers(tmp_path) -> None:
+    """The internal kernels (im2col and col2im, the pool, batch-norm, gather, strided-slice and loss
+    gradients) on one and two threads, checked by the generated test program against torch."""
+    model, _ = _cnn()
+    model.graph.node[-1].output[0] = "loss0"
+    model.graph.node.extend([
+        helper.make_node("Gather", ["w3", "idx"], ["g"], axis=1),
+        helper.make_node("Slice", ["g", "st", "en", "ax", "sp"], ["s"]),
+        helper.make_node("AveragePool", ["x"], ["ap"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+        helper.make_node("ReduceSum", ["s"], ["ls"], keepdims=0),
+        helper.make_node("ReduceSum", ["ap"], ["la"], keepdims=0),
+        helper.make_node("Sum", ["loss0", "ls", "la"], ["loss"])])
+    model.graph.initializer.extend(numpy_helper.from_array(np.array(v, np.int64), n) for n, v in
+                                   (("idx", [3, 0, 3]), ("st", [-1]), ("en", [-100]), ("ax", [0]), ("sp", [-3])))
+    arrays, t = _cnn_feeds(2)
+    graph = _with_gradients(model, list(arrays), "m")
+    p = _torch(arrays)
+    loss = (_cnn_loss(p, t) + p["w3"][:, [3, 0, 3]][[9, 6, 3, 0]].sum()
+            + F.avg_pool2d(p["x"], 3, 2, 1, count_include_pad=False).sum())
+    loss.backward()
+    expected = [np.array(loss.item(), np.float32), *(p[n].grad.numpy().astype(np.float32) for n in arrays)]
+    feeds = {**arrays, "t": t}
+    run_generated_test_under_sanitizers(graph, tmp_path, SANITIZE, test_data=([feeds[v.name] for v in graph.inputs],
+                                                                              expected))
