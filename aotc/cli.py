@@ -47,6 +47,9 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("-c", "--config", help="feed/fetch config (tfcompile text format)")
     c.add_argument("--input-shape", action="append", type=_shape_arg, default=[], metavar="NAME=D1,D2",
                    help="pin the shape of an input with dynamic dimensions (repeatable)")
+    c.add_argument("--dynamic", action="append", default=[], metavar="DIM<=MAX",
+                   help="leave a batch dimension to run time, from 1 to MAX: the model's symbolic name or "
+                        "INPUT:AXIS; gives NAME_run_dims (docs/dynamic_shapes.md)")
     c.add_argument("--tag-set", help="SavedModel: the MetaGraph's tags, comma-separated (default: serve)")
     c.add_argument("--signature", help="SavedModel: the signature to compile (default: serving_default)")
     c.add_argument("--variables-to-feed", type=lambda t: [v for v in t.split(",") if v], metavar="A,B",
@@ -82,6 +85,18 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--cpp-class", metavar="NS::NAME",
                    help="also write NAME.hpp: a C++ class with the interface of tfcompile's --cpp_class "
                         "header (see docs/tfcompile.md)")
+    c.add_argument("--train", action="store_true",
+                   help="also build NAME_train_step and the state buffer the parameters live in (needs --loss)")
+    c.add_argument("--loss", metavar="NAME|softmax_ce:LABELS|mse:TARGETS",
+                   help="with --train: a float scalar tensor of the model, or softmax cross-entropy (int64 classes) "
+                        "or mean squared error against a new input LABELS/TARGETS, on the first output "
+                        "(or :OUTPUT, e.g. softmax_ce:labels:logits)")
+    c.add_argument("--optimizer", default="sgd:lr=0.01", metavar="sgd:lr=..|momentum:..|adam:..",
+                   help="with --train (default sgd:lr=0.01): sgd:lr=L, momentum:lr=L,momentum=M[,nesterov=1] or "
+                        "adam:lr=L,beta1=B1,beta2=B2,eps=E")
+    c.add_argument("--trainable", default="all", metavar="all|NAME,...",
+                   help="with --train: the initializers to train (default all float ones but BatchNorm's "
+                        "running statistics)")
     c.add_argument("--no-thread-pool", action="store_true",
                    help="leave out NAME_pool_create (for systems without pthreads)")
     c.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
@@ -146,6 +161,16 @@ def _cmd_compile(args: argparse.Namespace) -> None:
     else:
         log = None
     name = args.name or _default_name(Path(args.model))
+    if args.dynamic:
+        _compile_dynamic(args, name, log, status)
+        return
+    train = None
+    if args.train or args.loss:
+        from aotc.training.spec import Train
+
+        if not (args.train and args.loss):
+            raise AotcError("--train and --loss go together: --train --loss NAME|softmax_ce:LABELS|mse:TARGETS")
+        train = Train(args.loss, args.optimizer, args.trainable)
     try:
         res = compile_model(args.model, args.out_dir, name, config=args.config,
                             input_shapes=dict(args.input_shape), target=args.target, target_cpu=args.target_cpu,
@@ -154,7 +179,7 @@ def _cmd_compile(args: argparse.Namespace) -> None:
                             dump_to=args.dump_to, depfile=args.depfile, log=log, profile=args.profile,
                             thread_pool=not args.no_thread_pool, gen_test=args.gen_test,
                             gen_benchmark=args.gen_benchmark, tag_set=args.tag_set, signature=args.signature,
-                            variables_to_feed=args.variables_to_feed, cpp_class=args.cpp_class)
+                            variables_to_feed=args.variables_to_feed, cpp_class=args.cpp_class, train=train)
     finally:
         if status is not None:
             status.clear()
@@ -167,6 +192,27 @@ def _cmd_compile(args: argparse.Namespace) -> None:
               f"lib{name}.a, lib{name}.so"
               + "".join(f", {p}" for p in sorted(res.library.programs)))
 
+
+def _compile_dynamic(args: argparse.Namespace, name: str, log, status: _StatusLine | None) -> None:  # noqa: ANN001
+    from aotc.dynamic_library import compile_dynamic
+
+    other = [o for o, v in (("--config", args.config), ("--dump-to", args.dump_to), ("--depfile", args.depfile),
+                            ("--profile", args.profile), ("--gen-test", args.gen_test),
+                            ("--gen-benchmark", args.gen_benchmark), ("--cpp-class", args.cpp_class)) if v]
+    if other:
+        raise AotcError(f"--dynamic does not take {', '.join(other)} yet")
+    try:
+        res = compile_dynamic(args.model, args.out_dir, name, args.dynamic, input_shapes=dict(args.input_shape),
+                              target=args.target, target_cpu=args.target_cpu, target_features=args.target_features,
+                              sysroot=args.sysroot, thread_pool=not args.no_thread_pool, log=log)
+    finally:
+        if status is not None:
+            status.clear()
+    if not args.quiet:
+        dims = ", ".join(f"{d.name} 1..{d.max}" for d in res.dims)
+        print(f"aotc: compiled {name} for {dims} (cores at {', '.join(map(str, res.cores))}), workspace "
+              f"{res.workspace_bytes} bytes, {sum(res.seconds.values()):.2f}s -> {res.out_dir}/{name}.h, "
+              f"lib{name}.a, lib{name}.so")
 
 def _read_inputs(items: list[str]) -> dict[str, np.ndarray]:
     feeds = {}

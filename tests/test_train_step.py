@@ -1,0 +1,198 @@
+"""Compiled training steps (aotc compile --train, aotc.Train): trained on scikit-learn's handwritten
+digits from Python and from C, compared step by step with PyTorch, under ASan/UBSan and -Werror."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from onnx_helpers import SANITIZE, run_c_program_under_sanitizers
+from train_models import EXAMPLE, batches, digits, held_out_accuracy, make_data, mlp, mlp_params, small_cnn
+
+import aotc
+
+
+@pytest.fixture(scope="module")
+def data() -> tuple[np.ndarray, np.ndarray]:
+    return digits()
+
+
+def test_softmax_regression_learns_digits_from_zeros(tmp_path, data) -> None:
+    """The seeds' example: from zeros, SGD lr 0.5, batch 100 -> >= 0.91 held out. Threads change nothing;
+    save() writes an ONNX model that onnxruntime runs to the trained model's outputs."""
+    x, y = data
+    model = make_data.softmax_regression()
+    m = aotc.compile(model, tmp_path, name="sm", train=aotc.Train("softmax_ce:labels", "sgd:lr=0.5"))
+    m2 = aotc.load(tmp_path / "sm", threads=2)
+    assert [t.name for t in m.train_inputs] == ["x", "labels"]
+    assert not m.state["W"].any()
+    assert held_out_accuracy(m, x, y) < 0.2  # all-zero weights: one class for everything
+    losses = []
+    for xb, yb in batches(x, y, 300):
+        losses.append(m.train_step({"x": xb, "labels": yb}))
+        assert m2.train_step({"x": xb, "labels": yb}) == losses[-1]
+    np.testing.assert_array_equal(m2.state["W"], m.state["W"])
+    assert losses[0] == pytest.approx(np.log(10), rel=1e-6) and losses[-1] < 0.4
+    assert int(m.state["step"]) == 300
+    assert held_out_accuracy(m, x, y) >= 0.91
+
+    m.save(tmp_path / "trained.onnx", source=model)
+    sess = ort.InferenceSession(str(tmp_path / "trained.onnx"))
+    xb = x[-100:]
+    np.testing.assert_allclose(sess.run(None, {"x": xb})[0], m.run({"x": xb})[0], rtol=1e-5, atol=1e-6)
+    m.reset_state()
+    assert not m.state["W"].any() and int(m.state["step"]) == 0
+
+
+def _torch_optimizer(kind: str, params: list[torch.Tensor]) -> tuple[str, torch.optim.Optimizer]:
+    if kind == "sgd":
+        return "sgd:lr=0.5", torch.optim.SGD(params, lr=0.5)
+    if kind == "momentum":
+        return "momentum:lr=0.1,momentum=0.9", torch.optim.SGD(params, lr=0.1, momentum=0.9)
+    if kind == "nesterov":
+        return "momentum:lr=0.1,momentum=0.9,nesterov=1", torch.optim.SGD(params, lr=0.1, momentum=0.9, nesterov=True)
+    return "adam:lr=0.01,beta1=0.8,eps=1e-7", torch.optim.Adam(params, lr=0.01, betas=(0.8, 0.999), eps=1e-7)
+
+
+@pytest.mark.parametrize("kind", ["sgd", "momentum", "nesterov", "adam"])
+def test_matches_pytorch_for_100_steps(tmp_path, data, kind) -> None:
+    """An MLP from the same initial weights, trained on the same batches: the loss at every step within
+    1e-4 relative of PyTorch's, the parameters after 100 steps within 1e-4."""
+    x, y = data
+    params = mlp_params()
+    tp = {k: torch.tensor(v, requires_grad=True) for k, v in params.items()}
+    spec, opt = _torch_optimizer(kind, list(tp.values()))
+    m = aotc.compile(mlp(params), tmp_path, name="mlp", train=aotc.Train("softmax_ce:labels", spec))
+    for xb, yb in batches(x, y, 100):
+        loss = m.train_step({"x": xb, "labels": yb})
+        opt.zero_grad()
+        logits = torch.relu(torch.tensor(xb) @ tp["w1"] + tp["b1"]) @ tp["w2"] + tp["b2"]
+        want = torch.nn.functional.cross_entropy(logits, torch.tensor(yb))
+        want.backward()
+        opt.step()
+        assert loss == pytest.approx(want.item(), rel=1e-4)
+    for k, v in tp.items():
+        np.testing.assert_allclose(m.state[k], v.detach().numpy(), rtol=0, atol=1e-4)
+
+
+def test_loss_in_the_graph_and_mse(tmp_path, data) -> None:
+    """--loss NAME trains on a loss the model computes (its labels input leaves NAME_run); mse:TARGETS
+    appends mean squared error against a new input; --trainable leaves the others constant."""
+    x, y = data
+    params = mlp_params(seed=2)
+    m = aotc.compile(mlp(params, loss_node=True), tmp_path, name="g", train=aotc.Train("loss", "sgd:lr=0.2"))
+    assert [t.name for t in m.inputs] == ["x"] and [t.name for t in m.outputs] == ["logits"]
+    assert [t.name for t in m.train_inputs] == ["x", "labels"]
+    sess = ort.InferenceSession(mlp(params, loss_node=True).SerializeToString())
+    xb, yb = x[:100], y[:100]
+    first = m.train_step({"x": xb, "labels": yb})
+    assert first == pytest.approx(sess.run(["loss"], {"x": xb, "labels": yb})[0], rel=1e-5)
+    assert m.train_step({"x": xb, "labels": yb}) < first
+
+    target = np.eye(10, dtype=np.float32)[yb]
+    m = aotc.compile(mlp(params), tmp_path, name="mse", train=aotc.Train("mse:target", "sgd:lr=0.1", "w2,b2"))
+    assert sorted(k for k, r in zip(m.state, m._train["state"]["tensors"], strict=True)
+                  if r["role"] == "parameter") == ["b2", "w2"]
+    tp = {k: torch.tensor(v, requires_grad=k in ("w2", "b2")) for k, v in params.items()}
+    opt = torch.optim.SGD([tp["w2"], tp["b2"]], lr=0.1)
+    for _ in range(5):
+        loss = m.train_step({"x": xb, "target": target})
+        opt.zero_grad()
+        want = torch.nn.functional.mse_loss(torch.relu(torch.tensor(xb) @ tp["w1"] + tp["b1"]) @ tp["w2"] + tp["b2"],
+                                            torch.tensor(target))
+        want.backward()
+        opt.step()
+        assert loss == pytest.approx(want.item(), rel=1e-5)
+    np.testing.assert_allclose(m.state["w2"], tp["w2"].detach().numpy(), atol=1e-5)
+
+
+@pytest.mark.slow
+def test_small_cnn_learns_digits(tmp_path, data) -> None:
+    """Conv-BatchNorm-Relu-MaxPool-Conv-Relu-MaxPool-Gemm with Adam: >= 0.97 held out. BatchNorm trains on
+    batch statistics and NAME_run normalises with the running ones the steps updated."""
+    x, y = data
+    m = aotc.compile(small_cnn(), tmp_path, name="cnn", train=aotc.Train("softmax_ce:labels", "adam:lr=0.01"))
+    assert m.state["m1"].tolist() == [0.0] * 8
+    for xb, yb in batches(x, y, 600):
+        m.train_step({"x": xb, "labels": yb})
+    assert m.state["m1"].any() and not np.allclose(m.state["v1"], 1)
+    assert held_out_accuracy(m, x, y) >= 0.97
+
+
+def _aotc_command() -> str:
+    return f"{sys.executable} -m aotc"
+
+
+def test_train_c_example(tmp_path) -> None:
+    """examples/train_c: make writes the data and model, aotc compiles the training step, the C program
+    trains 20 epochs and reports >= 0.91 held-out accuracy."""
+    if shutil.which("make") is None:
+        pytest.skip("make is not on PATH")
+    work = tmp_path / "train_c"
+    shutil.copytree(EXAMPLE, work, ignore=shutil.ignore_patterns("build", "train", "*.o"))
+    proc = subprocess.run(["make", "-C", str(work), "run", f"PYTHON={sys.executable}", f"AOTC={_aotc_command()}"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "steps: 300" in proc.stdout
+    acc = float(re.search(r"held-out accuracy: ([0-9.]+)", proc.stdout).group(1))
+    assert acc >= 0.91, proc.stdout
+
+
+def test_train_step_clean_under_sanitizers_and_warnings(tmp_path) -> None:
+    """The training library (BatchNorm CNN, Adam) built with ASan/UBSan and -Wall -Wextra -Werror, driven
+    from C: state_init, train steps, then a run reading the trained state."""
+    from aotc.compiler import compile_model
+
+    compile_model(small_cnn(batch=4), tmp_path, "cnn", extra_cflags=[*SANITIZE, "-Wall", "-Wextra", "-Werror"],
+                  train=aotc.Train("softmax_ce:labels", "adam:lr=0.01"))
+    source = """
+#include <stdio.h>
+#include "cnn.h"
+static _Alignas(64) unsigned char state[CNN_STATE_BYTES];
+static _Alignas(64) unsigned char ws[CNN_WORKSPACE_BYTES];
+int main(void) {
+  float x[4 * 64], probs[4 * 10], loss = 0;
+  int64_t labels[4] = {0, 3, 9, 7};
+  for (int i = 0; i < 4 * 64; i++) x[i] = (float)((i * 37) % 17) / 16.0f;
+  if (cnn_state_init(state) != CNN_OK) return 1;
+  for (int s = 0; s < 3; s++)
+    if (cnn_train_step(x, labels, &loss, state, ws) != CNN_OK) return 2;
+  if (cnn_run(x, probs, state, ws) != CNN_OK) return 3;
+  if (*cnn_state_step_data(state) != 3) return 4;
+  printf("%g %g\\n", loss, probs[0]);
+  return 0;
+}
+"""
+    proc = run_c_program_under_sanitizers(tmp_path, source, "libcnn.a", SANITIZE)
+    loss, logit = (float(v) for v in proc.stdout.split())
+    assert np.isfinite(loss) and np.isfinite(logit)
+
+
+def test_cli_train(tmp_path) -> None:
+    onnx.save(mlp(mlp_params()), tmp_path / "m.onnx")
+    run = [sys.executable, "-m", "aotc", "compile", str(tmp_path / "m.onnx"), "-o", str(tmp_path), "-n", "net", "-q"]
+    proc = subprocess.run([*run, "--train", "--loss", "softmax_ce:labels", "--optimizer", "momentum:lr=0.1"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    header = (tmp_path / "net.h").read_text()
+    assert ("int net_train_step(const float *x, const int64_t *labels, float *loss, void *state, "
+            "void *workspace);") in header
+    assert "#define NET_STATE_W1_OFFSET" in header and "net_state_w1_momentum_data" in header
+    m = aotc.load(tmp_path / "net")
+    assert set(m.state) == {"w1", "b1", "w2", "b2", "step", "w1.momentum", "b1.momentum", "w2.momentum", "b2.momentum"}
+    ce = ["--train", "--loss", "softmax_ce:labels"]
+    for args, message in [([*ce, "--optimizer", "rmsprop:lr=1"], "unknown optimizer"),
+                          ([*ce, "--trainable", "w1,nope"], "'nope' not among"),
+                          (["--train", "--loss", "nothing"], "not in the model"),
+                          (["--train", "--loss", "logits"], "must be a float scalar"),
+                          (["--loss", "softmax_ce:labels"], "--train and --loss go together")]:
+        proc = subprocess.run([*run, *args], capture_output=True, text=True)
+        assert proc.returncode == 1 and message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, \
+            (args, proc.stderr)
