@@ -107,7 +107,7 @@ def _check_variable(var: Variable, node: Any) -> None:
     if node is None:
         raise AotcError(f"{where}: no node of that name in the graph")
     if node.op not in VARIABLE_OPS:
-        raise AotcError(f"{where}: node {node.name!r} is a {node.op}, not a variable "
+        raise AotcError(f"{where}: {node.op} node {node.name!r} is not a variable "
                         f"({', '.join(sorted(VARIABLE_OPS))})")
     attr = {k: attr_value(v, f"{node.op} node {node.name!r}: attribute {k}") for k, v in node.attr.items()
             if k in ("dtype", "shape")}
