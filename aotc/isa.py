@@ -79,21 +79,24 @@ class Isa:
 # handles (SSE2, NEON, or a scalar fallback). avx2 values were checked on Zen 3
 # (benchmarks/gemm_kernel.py); the others follow the same rules but are untuned. In order of preference;
 # generic, which needs no macro, last.
+def _x86(name: str, bits: int, registers: int, acc_budget: int, gemm_mr: int, features: str, bcast: str,
+         macros: tuple[str, ...]) -> Isa:
+    """An x86 entry: its intrinsics differ only in the register width they name (``_mm256_``, ``__m256``)."""
+    mm = f"_mm{bits}"
+    return Isa(
+        name, lanes=bits // 32, registers=registers, acc_budget=acc_budget, fma=True, shuffles256=True,
+        gemm_mr=gemm_mr, gemm_nv=2, vtype=f"__m{bits}", attribute=f'__attribute__((target("{features}"))) ',
+        include="#include <immintrin.h>",
+        ops=dict(zero=f"{mm}_setzero_ps()", load=f"{mm}_loadu_ps({{p}})", store=f"{mm}_storeu_ps({{p}}, {{v}})",
+                 bcast=bcast, fma=f"{mm}_fmadd_ps({{x}}, {{y}}, {{a}})", add=f"{mm}_add_ps({{x}}, {{y}})"),
+        macros=macros)
+
+
 ISAS: dict[str, Isa] = {
-    "avx512": Isa(
-        "avx512", lanes=16, registers=32, acc_budget=24, fma=True, shuffles256=True, gemm_mr=12, gemm_nv=2,
-        vtype="__m512", attribute='__attribute__((target("avx512f"))) ', include="#include <immintrin.h>",
-        ops=dict(zero="_mm512_setzero_ps()", load="_mm512_loadu_ps({p})", store="_mm512_storeu_ps({p}, {v})",
-                 bcast="_mm512_set1_ps(*({p}))", fma="_mm512_fmadd_ps({x}, {y}, {a})",
-                 add="_mm512_add_ps({x}, {y})"),
-        macros=("__AVX512F__",)),
-    "avx2": Isa(
-        "avx2", lanes=8, registers=16, acc_budget=12, fma=True, shuffles256=True, gemm_mr=6, gemm_nv=2,
-        vtype="__m256", attribute='__attribute__((target("avx2,fma"))) ', include="#include <immintrin.h>",
-        ops=dict(zero="_mm256_setzero_ps()", load="_mm256_loadu_ps({p})", store="_mm256_storeu_ps({p}, {v})",
-                 bcast="_mm256_broadcast_ss({p})", fma="_mm256_fmadd_ps({x}, {y}, {a})",
-                 add="_mm256_add_ps({x}, {y})"),
-        macros=("__AVX2__", "__FMA__")),
+    "avx512": _x86("avx512", 512, registers=32, acc_budget=24, gemm_mr=12, features="avx512f",
+                   bcast="_mm512_set1_ps(*({p}))", macros=("__AVX512F__",)),
+    "avx2": _x86("avx2", 256, registers=16, acc_budget=12, gemm_mr=6, features="avx2,fma",
+                 bcast="_mm256_broadcast_ss({p})", macros=("__AVX2__", "__FMA__")),
     "neon": Isa(
         "neon", lanes=4, registers=32, acc_budget=24, fma=True, shuffles256=False, gemm_mr=8, gemm_nv=3,
         vtype="float32x4_t", attribute="", include="#include <arm_neon.h>",
