@@ -11,11 +11,10 @@
 #define AOTC_ROW_LANES 16
 
 /* GCC/Clang vector extensions for the max: without -ffast-math neither compiler vectorizes a float
- * max reduction written as scalar C (measured 7x slower). One vector register wide. */
-#if defined(__AVX__)
-#define AOTC_ROW_VEC 8
-#else
-#define AOTC_ROW_VEC 4
+ * max reduction written as scalar C (measured 7x slower). One vector register of the target's ISA wide:
+ * the library's NAME_internal.h defines AOTC_ROW_VEC from aotc/isa.py before including this header. */
+#ifndef AOTC_ROW_VEC
+#error "define AOTC_ROW_VEC (the float lanes of the target's vector registers) before including aotc_rows.h"
 #endif
 typedef float aotc__rowvf __attribute__((vector_size(4 * AOTC_ROW_VEC)));
 typedef int32_t aotc__rowvi __attribute__((vector_size(4 * AOTC_ROW_VEC)));
