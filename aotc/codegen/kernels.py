@@ -44,8 +44,14 @@ class KernelSource:
     status: bool = False            # takes the run's status word (last argument) and may set it
 
 
-def _declare(args: list[tuple[Value, str]], names: list[str], scratch: bool, status: bool = False,
+def _uses(code: str, name: str) -> bool:
+    return re.search(rf"\b{name}\b", code) is not None
+
+
+def _declare(args: list[tuple[Value, str]], names: list[str], scratch: bool, locals_: list[str],
              inplace: Value | None = None) -> str:
+    """The pointers ``locals_`` names, read from ``args`` (the arguments, then the scratch slot when
+    ``scratch``, then the status word)."""
     lines = []
     for i, ((v, role), name) in enumerate(zip(args, names, strict=True)):
         t = dtypes.c_type(v.dtype)
@@ -53,29 +59,32 @@ def _declare(args: list[tuple[Value, str]], names: list[str], scratch: bool, sta
         # An in-place update reads and writes one buffer through two pointers: neither is restrict.
         shared = inplace is not None and (role == "out" or v is inplace)
         lines.append(f"  {const}{t} *{'' if shared else 'restrict '}{name} = ({const}{t} *)args[{i}];")
-    if scratch:
-        lines.append(f"  float *restrict scratch = (float *)args[{len(args)}];")
-    else:
-        lines.append("  float *scratch = 0; (void)scratch;")
-    if status:
-        lines.append(f"  int *const aotc_status = (int *)args[{len(args) + scratch}]; (void)aotc_status;")
-    return "\n".join(lines)
+    if "scratch" in locals_:  # an emitter may name scratch where its op needs none: a null pointer then
+        lines.append(f"  float *restrict scratch = (float *)args[{len(args)}];" if scratch else
+                     "  float *scratch = 0;")
+    if "aotc_status" in locals_:
+        lines.append(f"  int *const aotc_status = (int *)args[{len(args) + scratch}];")
+    return "".join(f"{line}\n" for line in lines)
 
 
 def _function(fn: str, k: Kernel, args: list[tuple[Value, str]], names: list[str], body: str,
               scratch: bool = False, helpers: str = "", finish: str | None = None) -> KernelSource:
+    """The C function(s) ``fn`` (and ``fn_finish``) around ``body`` (and ``finish``): each declares the
+    pointers some body reads, and casts to void only what it leaves unused (-Wextra is clean)."""
     bodies = {fn: body} if finish is None else {fn: body, f"{fn}_finish": finish}
-    used = [(a, n) for a, n in zip(args, names, strict=True)
-            if any(re.search(rf"\b{n}\b", b) for b in bodies.values())]
+    used = [(a, n) for a, n in zip(args, names, strict=True) if any(_uses(b, n) for b in bodies.values())]
     args = [a for a, _ in used]
     names = [n for _, n in used]
-    unused = "".join(f" (void){n};" for n in names) if finish is not None else ""
-    status = any(re.search(r"\baotc_status\b", b) for b in bodies.values())
-    code = f"{helpers}/* {k.name}: {' + '.join(k.ops)} */\n" + "".join(
-        f"void {name}(void *const *args, size_t task, size_t ntasks) {{\n"
-        f"{_declare(args, names, scratch, status, k.inplace)}\n"
-        + f"  (void)task; (void)ntasks;{unused}\n"
-        + "  " + b.replace("\n", "\n  ") + "\n}\n" for name, b in bodies.items())
+    status = any(_uses(b, "aotc_status") for b in bodies.values())
+    locals_ = names + [v for v in ("scratch", "aotc_status") if any(_uses(b, v) for b in bodies.values())]
+    reads_args = bool(names) or status or (scratch and "scratch" in locals_)
+    decl = _declare(args, names, scratch, locals_, k.inplace)
+    code = f"{helpers}/* {k.name}: {' + '.join(k.ops)} */\n"
+    for name, b in bodies.items():
+        unused = [v for v in ([] if reads_args else ["args"]) + ["task", "ntasks"] + locals_ if not _uses(b, v)]
+        voids = "  " + " ".join(f"(void){v};" for v in unused) + "\n" if unused else ""
+        code += (f"void {name}(void *const *args, size_t task, size_t ntasks) {{\n{decl}{voids}"
+                 + "  " + b.replace("\n", "\n  ") + "\n}\n")
     return KernelSource(fn, code, args, scratch, finish=None if finish is None else f"{fn}_finish", status=status)
 
 

@@ -118,7 +118,7 @@ def emit_loop_kernel(k: Kernel, ptrs: dict[int, str]) -> tuple[str, str | None]:
     for a reduction split into chunks, those of the second phase that combines the chunks."""
     out = k.outputs[0]
     if out.size == 0:  # loops of no trips would only draw compiler warnings
-        return "(void)args; /* no elements: nothing to read or write */", None
+        return "/* no elements: nothing to read or write */", None
     red = k.reduce
     if red is not None:
         x = red.inputs[0]
