@@ -449,10 +449,15 @@ def load(prefix: str | Path, threads: int | ThreadPool = 1) -> CompiledModel:
 
     prefix = Path(prefix)
     try:
-        target = json.loads((prefix.parent / f"{prefix.name}.json").read_text()).get("target")
+        meta = json.loads((prefix.parent / f"{prefix.name}.json").read_text())
+        target = meta.get("target")
     except (OSError, ValueError, AttributeError):
-        target = None  # CompiledModel says what is missing or malformed
+        meta = target = None  # CompiledModel says what is missing or malformed
     problem = host_problem(target) if isinstance(target, dict) else None
     if problem is not None:
         raise AotcError(f"cannot load {prefix}: {problem}")
+    if isinstance(meta, dict) and "dims" in meta:  # aotc compile --dynamic
+        from aotc.dynamic_model import DynamicModel
+
+        return DynamicModel(prefix, threads)
     return CompiledModel(prefix, threads)

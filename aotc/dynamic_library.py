@@ -1,0 +1,304 @@
+"""``aotc compile --dynamic batch<=32``: one C library for every batch size up to a bound.
+
+The library holds static compiles of the model (cores) at the powers of two up to the bound (and the
+bound), and ``NAME_run_dims`` splits a batch into them, each run in place on its rows. The batch
+must be one aotc proves per-sample (aotc/dynamic_batch.py). docs/dynamic_shapes.md has the design.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from aotc import __version__
+from aotc.build import StagedBuild, check_output_dir, output_errors
+from aotc.codegen.library import API, Library, TensorInfo, env, generate
+from aotc.codegen.names import c_string, check_model_name, comment
+from aotc.dynamic_batch import batch_axes
+from aotc.errors import RUN_ERRORS, AotcError
+from aotc.frontends.onnx import import_onnx, load_model
+from aotc.frontends.tensorflow import is_tensorflow_model
+from aotc.passes.counts import expose_counts
+from aotc.passes.pipeline import run_passes
+from aotc.target import resolve
+
+# NAME_ERR_DIM_OUT_OF_RANGE: apart from the static libraries' statuses (aotc.errors.RUN_ERRORS).
+DIM_OUT_OF_RANGE = 16
+MAX_BOUND = 1 << 20
+_SPEC = re.compile(r"^(?P<dim>.+?)\s*<=\s*(?P<max>\d+)$")
+_SHARED = ("aotc_math.h", "aotc_rows.h", "aotc_types.h")  # runtime headers every core carries
+
+
+def parse_dynamic(text: str) -> tuple[str, int]:
+    """``batch<=32`` or ``x:0<=32`` -> (dimension, bound)."""
+    m = _SPEC.match(text.strip())
+    if not m:
+        raise AotcError(f"--dynamic: expected DIM<=MAX (a symbolic dimension of the model, or INPUT:AXIS), "
+                        f"got {text!r}")
+    bound = int(m.group("max"))
+    if not 1 <= bound <= MAX_BOUND:
+        raise AotcError(f"--dynamic {text}: the bound must be between 1 and {MAX_BOUND}")
+    return m.group("dim"), bound
+
+
+def core_sizes(bound: int) -> list[int]:
+    """The batch sizes compiled: the powers of two up to ``bound``, and ``bound``."""
+    sizes = [1 << k for k in range(bound.bit_length()) if 1 << k <= bound]
+    return sizes if sizes[-1] == bound else [*sizes, bound]
+
+
+@dataclass
+class DimInfo:
+    name: str
+    max: int
+
+    @property
+    def comment(self) -> str:
+        return comment(self.name, 60)
+
+    @property
+    def c_string(self) -> str:
+        return c_string(self.name)
+
+
+@dataclass
+class DynamicResult:
+    out_dir: Path
+    name: str
+    cores: list[int]
+    dims: list[DimInfo]
+    workspace_bytes: int
+    build_id: str
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def prefix(self) -> Path:
+        return self.out_dir / self.name
+
+
+def _dynamic_inputs(model: onnx.ModelProto, dim: str) -> dict[str, int]:
+    """Input name -> axis of the dimension ``dim`` (a symbolic name, or INPUT:AXIS)."""
+    constants = {i.name for i in model.graph.initializer}
+    inputs = [vi for vi in model.graph.input if vi.name not in constants]
+    found: dict[str, int] = {}
+    for vi in inputs:
+        for axis, d in enumerate(vi.type.tensor_type.shape.dim):
+            if d.dim_param and d.dim_param == dim:
+                found[vi.name] = axis
+    if not found and ":" in dim:
+        name, _, axis_text = dim.rpartition(":")
+        vi = next((v for v in inputs if v.name == name), None)
+        if vi is None or not axis_text.lstrip("-").isdigit():
+            raise AotcError(f"--dynamic {dim}: no input {name!r} (inputs: {', '.join(v.name for v in inputs)})")
+        rank = len(vi.type.tensor_type.shape.dim)
+        axis = int(axis_text)
+        if not -rank <= axis < rank:
+            raise AotcError(f"--dynamic {dim}: input {name!r} has rank {rank}")
+        d = vi.type.tensor_type.shape.dim[axis % rank]
+        if d.HasField("dim_value"):
+            raise AotcError(f"--dynamic {dim}: axis {axis % rank} of {name!r} is fixed at {d.dim_value} by the model")
+        found[name] = axis % rank
+        if d.dim_param:  # the inputs sharing its symbol vary with it
+            found.update(_dynamic_inputs(model, d.dim_param))
+    if not found:
+        symbols = sorted({d.dim_param for vi in inputs for d in vi.type.tensor_type.shape.dim if d.dim_param})
+        raise AotcError(f"--dynamic {dim}: the model's inputs have no dimension {dim!r} (symbolic dimensions: "
+                        f"{', '.join(symbols) or 'none'}; or give INPUT:AXIS)")
+    for name, axis in found.items():
+        if axis != 0:
+            raise AotcError(f"--dynamic {dim}: it is axis {axis} of input {name!r}; aotc splits a batch on axis 0 "
+                            "only (docs/dynamic_shapes.md)")
+    return found
+
+
+def _core_shapes(model: onnx.ModelProto, inputs: dict[str, int], size: int,
+                 shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    """Every input's shape in the core of ``size`` samples."""
+    constants = {i.name for i in model.graph.initializer}
+    out = {}
+    for vi in model.graph.input:
+        if vi.name in constants:
+            continue
+        dims = vi.type.tensor_type.shape.dim
+        given = shapes.get(vi.name)
+        if given is not None:
+            if len(given) != len(dims):
+                raise AotcError(f"--input-shape {vi.name}: rank {len(given)}, but the model's is {len(dims)}")
+            shape = list(given)
+        elif all(d.HasField("dim_value") or vi.name in inputs and i == inputs[vi.name] for i, d in enumerate(dims)):
+            shape = [d.dim_value for d in dims]
+        else:
+            raise AotcError(f"input {vi.name!r} has dimensions that vary other than the dynamic one: pin them "
+                            "with --input-shape (the dynamic axis's value there is ignored)")
+        if vi.name in inputs:
+            shape[inputs[vi.name]] = size
+        out[vi.name] = tuple(shape)
+    return out
+
+
+def compile_dynamic(model: str | Path | onnx.ModelProto, out_dir: str | Path, name: str, dynamic: list[str],
+                    input_shapes: dict[str, tuple[int, ...]] | None = None, target: str | None = None,
+                    target_cpu: str | None = None, target_features: str | None = None, sysroot: str | None = None,
+                    extra_cflags: list[str] | None = None, thread_pool: bool = True,
+                    log: Callable[[str], None] | None = None) -> DynamicResult:
+    """Compile an ONNX model into OUT/NAME.h, libNAME.a, libNAME.so, NAME.json, NAME.cdef with the
+    dimensions ``dynamic`` (``["batch<=32"]``) left to run time (see the module's docstring)."""
+    check_model_name(name)
+    if len(dynamic) != 1:
+        raise AotcError("--dynamic: one dynamic dimension per library for now (a batch; docs/dynamic_shapes.md)")
+    dim, bound = parse_dynamic(dynamic[0])
+    if len(name) > 56:
+        raise AotcError(f"model name {name!r}: at most 56 characters with --dynamic (its cores add a suffix)")
+    tgt = resolve(target, target_cpu, target_features, sysroot, extra_cflags)
+    out = Path(out_dir)
+    check_output_dir(out, "output directory")
+    say = log or (lambda _msg: None)
+    times: dict[str, float] = {}
+    t0 = time.perf_counter()
+    if not isinstance(model, onnx.ModelProto) and is_tensorflow_model(Path(model)):
+        raise AotcError("--dynamic: ONNX models only for now (TensorFlow graphs: pin the shape with --input-shape)")
+    proto = model if isinstance(model, onnx.ModelProto) else load_model(model)
+    source = Path(model).name if not isinstance(model, onnx.ModelProto) else "<model>"
+    shapes = dict(input_shapes or {})
+    inputs = _dynamic_inputs(proto, dim)
+    batch_axes(proto, inputs, {k: v for k, v in shapes.items() if k not in inputs})
+    times["analysis"] = time.perf_counter() - t0
+
+    sizes = core_sizes(bound)
+    cores: list[Library] = []
+    t0 = time.perf_counter()
+    for size in sizes:
+        core = f"{name}_b{size}"
+        say(f"core {core}: batch {size}")
+        graph = import_onnx(proto, _core_shapes(proto, inputs, size, shapes), core, None)
+        input_names = [v.name for v in graph.inputs]
+        if expose_counts(graph):
+            raise AotcError("--dynamic: the model has data-dependent outputs (NonZero, Unique, NonMaxSuppression)")
+        output_names = [v.name for v in graph.outputs]  # the passes may rename the values behind them
+        with output_errors(out):
+            run_passes(graph, target=tgt)
+        cores.append(generate(graph, core, input_names, output_names, source, target=tgt, profile=False,
+                              pool=thread_pool and size == sizes[0]))
+    times["cores"] = time.perf_counter() - t0
+
+    first, last = cores[0], cores[-1]
+    dims = [DimInfo(dim, bound)]
+    ins = [_DimTensor.of(t, 0 if t.name in inputs else None, bound) for t in last.inputs]
+    outs = [_DimTensor.of(t, 0, bound) for t in last.outputs]
+    lib = _merge(name, cores)
+    workspace = max(c.workspace_bytes for c in cores)
+    common = {"name": name, "version": __version__, "api": API, "dims": dims, "cores": sizes, "inputs": ins,
+              "outputs": outs, "statuses": RUN_ERRORS, "dim_error": DIM_OUT_OF_RANGE, "pool": thread_pool,
+              "workspace_bytes": workspace}
+    lib.files[f"{name}.h"] = env().get_template("dims.h.j2").render(
+        **common, source=comment(source, 60), target=comment(tgt.summary(), 1000)).encode()
+    lib.files[f"{name}_dims.c"] = env().get_template("dims.c.j2").render(**common).encode()
+    if thread_pool:
+        lib.files[f"{name}_pool.c"] = lib.files.pop(f"{first.name}_pool.c")  # built with -pthread under this name
+
+    t0 = time.perf_counter()
+    say("C compilation")
+    with output_errors(out), StagedBuild(out, name) as staged:
+        build_id = staged.build(lib, tgt, extra_cflags, progress=lambda line: say(f"C compilation {line}"))
+        meta = _metadata(name, dims, sizes, ins, outs, workspace, build_id, tgt, thread_pool)
+        staged.commit({f"{name}.json": meta.encode(), f"{name}.cdef": _cdef(name, build_id, thread_pool).encode()})
+    times["c_compile"] = time.perf_counter() - t0
+    return DynamicResult(out, name, sizes, dims, workspace, build_id, times)
+
+
+@dataclass
+class _DimTensor:
+    """An argument of the dynamic library: a core's, at the bound, with the axis that varies."""
+
+    info: TensorInfo
+    dims: list[int]        # per axis: the dimension it is, or -1
+    sample_elems: int      # elements per sample (0: not split)
+
+    @staticmethod
+    def of(t: TensorInfo, axis: int | None, bound: int) -> _DimTensor:
+        dims = [-1] * len(t.shape)
+        elems = 0
+        if axis is not None:
+            dims[axis] = 0
+            elems = int(np.prod(t.shape[1:], dtype=np.int64))
+            assert t.shape[axis] == bound
+        return _DimTensor(t, dims, elems)
+
+    def __getattr__(self, attr: str):  # noqa: ANN204 - the TensorInfo's fields, for the templates
+        return getattr(self.info, attr)
+
+
+def _merge(name: str, cores: list[Library]) -> Library:
+    """One library's files from the cores' (each prefixed with its core's name; the runtime headers
+    are the same in all). Cores whose constants are the same bytes (weights packed alike for every
+    batch size) share one copy: one blob, with each core's symbol a label at its start."""
+    lib = Library(name)
+    for core in cores:
+        for fname, data in core.files.items():
+            if fname in lib.files and (fname not in _SHARED or lib.files[fname] != data):
+                raise AotcError(f"internal: two cores of {name} write {fname}")
+            lib.files[fname] = data
+        lib.kernels.extend(core.kernels)
+    owners: dict[bytes, list[str]] = {}
+    for core in cores:
+        blob = lib.files.get(f"{core.name}_consts.bin")
+        if blob is not None:
+            owners.setdefault(blob, []).append(core.name)
+    for names in owners.values():
+        for other in names[1:]:
+            del lib.files[f"{other}_consts.bin"], lib.files[f"{other}_consts.S"]
+        lib.files[f"{names[0]}_consts.S"] = _shared_consts(names).encode()
+    return lib
+
+
+def _shared_consts(cores: list[str]) -> str:
+    """The assembler file that pulls in ``cores[0]``'s constants under every core's symbol (the
+    directives of templates/consts.S.j2, one label per core)."""
+    symbols = [f"{c}_consts" for c in cores]
+    lines = [f"/* {symbols[0]}.S: generated by aotc {__version__}. Pulls {symbols[0]}.bin into the object file "
+             f"for the cores {', '.join(cores)}, whose constants are the same bytes. */",
+             "\t.section .rodata", "\t.balign 64"]
+    for s in symbols:
+        lines += [f"\t.globl {s}", f"\t.hidden {s}", f"\t.type {s}, %object"]
+    lines += [f"{s}:" for s in symbols]
+    lines.append(f'\t.incbin "{symbols[0]}.bin"')
+    lines += [f"\t.size {s}, . - {s}" for s in symbols]
+    lines.append('\t.section .note.GNU-stack,"",%progbits')
+    return "\n".join(lines) + "\n"
+
+
+def _metadata(name: str, dims: list[DimInfo], sizes: list[int], ins: list[_DimTensor], outs: list[_DimTensor],
+              workspace: int, build_id: str, tgt, pool: bool) -> str:  # noqa: ANN001 - a Target
+    import json
+
+    def tensor(t: _DimTensor) -> dict:
+        return {"name": t.name, "dtype": t.dtype, "shape": t.shape,
+                "dims": {str(a): d for a, d in enumerate(t.dims) if d >= 0}}
+
+    data = {"name": name, "aotc_version": __version__, "dims": [{"name": d.name, "max": d.max} for d in dims],
+            "cores": sizes, "inputs": [tensor(t) for t in ins], "outputs": [tensor(t) for t in outs],
+            "workspace_bytes": workspace, "num_kernels": 0, "build_id": build_id, "target_cpu": tgt.cpu,
+            "isa": tgt.isa.name, "target": tgt.metadata(), "thread_pool": pool, "profile": False}
+    return json.dumps(data, indent=1, sort_keys=True) + "\n"
+
+
+def _cdef(name: str, build_id: str, pool: bool) -> str:
+    text = (f"/* aotc build {build_id} */\n"
+            f"const char *{name}_build_id(void);\n"
+            "typedef struct aotc_parallel aotc_parallel;\n"
+            f"int {name}_run_dims_parallel(const int64_t *dims, const void *const *inputs, void *const *outputs,\n"
+            "    void *workspace, size_t workspace_bytes, const aotc_parallel *par);\n"
+            f"int {name}_run_parallel(const void *const *inputs, void *const *outputs, void *workspace,\n"
+            "    size_t workspace_bytes, const aotc_parallel *par);\n"
+            f"size_t {name}_workspace_size(void);\n"
+            f"size_t {name}_workspace_size_for_threads(size_t num_threads);\n")
+    if pool:
+        text += (f"aotc_parallel *{name}_pool_create(size_t num_threads);\n"
+                 f"void {name}_pool_destroy(aotc_parallel *pool);\n")
+    return text

@@ -1,0 +1,261 @@
+"""aotc compile --dynamic: one library for every batch size up to a bound (aotc/dynamic_library.py), the
+proof that a dimension is a batch (aotc/dynamic_batch.py), and the Python bindings (aotc/dynamic_model.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from models import init, make, mlp, ort_run, vi
+from onnx import TensorProto, helper
+from onnx_helpers import SANITIZE, run_c_program_under_sanitizers
+
+import aotc
+from aotc.cli import main
+from aotc.dynamic_batch import batch_axes
+from aotc.dynamic_library import DIM_OUT_OF_RANGE, compile_dynamic, core_sizes
+from aotc.dynamic_model import DynamicModel
+from aotc.errors import AotcError
+
+I64 = TensorProto.INT64
+RNG = np.random.default_rng(7)
+
+
+def _f32(*shape: int, scale: float = 0.3) -> np.ndarray:
+    return (RNG.standard_normal(shape) * scale).astype(np.float32)
+
+
+def batch_mlp() -> onnx.ModelProto:
+    m = mlp(1, sizes=(24, 40, 5), seed=5)
+    for t in (m.graph.input[0], m.graph.output[0]):
+        t.type.tensor_type.shape.dim[0].dim_param = "batch"
+    return m
+
+
+def small_cnn() -> onnx.ModelProto:
+    """Conv + BatchNorm + Relu + MaxPool, flattened by a Reshape whose target is computed from Shape (as
+    PyTorch exports x.view(x.size(0), -1)), then a Gemm."""
+    nodes = [
+        helper.make_node("Conv", ["img", "w"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("BatchNormalization", ["c", "g", "b", "mu", "var"], ["bn"]),
+        helper.make_node("Relu", ["bn"], ["r"]),
+        helper.make_node("MaxPool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Shape", ["p"], ["ps"]),
+        helper.make_node("Gather", ["ps", "zero"], ["n"], axis=0),
+        helper.make_node("Unsqueeze", ["n", "zero1"], ["n1"]),
+        helper.make_node("Concat", ["n1", "minus1"], ["target"], axis=0),
+        helper.make_node("Reshape", ["p", "target"], ["flat"]),
+        helper.make_node("Gemm", ["flat", "fw", "fb"], ["logits"], transB=1),
+    ]
+    inits = [init("w", _f32(6, 3, 3, 3)), init("g", 1 + _f32(6)), init("b", _f32(6)), init("mu", _f32(6)),
+             init("var", 1 + np.abs(_f32(6))), init("zero", np.array(0, np.int64)),
+             init("zero1", np.array([0], np.int64)), init("minus1", np.array([-1], np.int64)),
+             init("fw", _f32(7, 6 * 4 * 4)), init("fb", _f32(7))]
+    return make(nodes, [vi("img", ["N", 3, 8, 8])], [vi("logits", ["N", 7])], inits)
+
+
+def attention_block(seq: int = 6, hidden: int = 8, heads: int = 2, causal: bool = False) -> onnx.ModelProto:
+    """A BERT-like layer (or GPT-2-like with ``causal``): token embeddings, one attention with the
+    padding mask input, a residual and LayerNorm; head reshapes with 0 and Shape-computed targets."""
+    hd = hidden // heads
+    nodes = [
+        helper.make_node("Gather", ["emb", "ids"], ["h"]),
+        helper.make_node("Add", ["h", "pos"], ["h0"]),
+        helper.make_node("MatMul", ["h0", "wq"], ["q"]), helper.make_node("MatMul", ["h0", "wk"], ["k"]),
+        helper.make_node("MatMul", ["h0", "wv"], ["v"]),
+        helper.make_node("Reshape", ["q", "heads_shape"], ["q4"]),
+        helper.make_node("Reshape", ["k", "heads_shape"], ["k4"]),
+        helper.make_node("Reshape", ["v", "heads_shape"], ["v4"]),
+        helper.make_node("Transpose", ["q4"], ["qt"], perm=[0, 2, 1, 3]),
+        helper.make_node("Transpose", ["k4"], ["kt"], perm=[0, 2, 3, 1]),
+        helper.make_node("Transpose", ["v4"], ["vt"], perm=[0, 2, 1, 3]),
+        helper.make_node("MatMul", ["qt", "kt"], ["s"]),
+        helper.make_node("Mul", ["s", "scale"], ["ss"]),
+        helper.make_node("Cast", ["mask"], ["mf"], to=TensorProto.FLOAT),
+        helper.make_node("Sub", ["one", "mf"], ["inv"]),
+        helper.make_node("Mul", ["inv", "neg"], ["bias"]),
+        helper.make_node("Unsqueeze", ["bias", "axes12"], ["bias4"]),
+        helper.make_node("Add", ["ss", "bias4"], ["sm"]),
+    ]
+    if causal:
+        nodes.append(helper.make_node("Add", ["sm", "causal"], ["sc"]))
+    nodes += [
+        helper.make_node("Softmax", ["sc" if causal else "sm"], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "vt"], ["ctx"]),
+        helper.make_node("Transpose", ["ctx"], ["ctxt"], perm=[0, 2, 1, 3]),
+        helper.make_node("Shape", ["ids"], ["ids_shape"]),
+        helper.make_node("Concat", ["ids_shape", "hidden_dim"], ["merge_shape"], axis=0),
+        helper.make_node("Reshape", ["ctxt", "merge_shape"], ["merged"]),
+        helper.make_node("MatMul", ["merged", "wo"], ["o"]),
+        helper.make_node("Add", ["o", "h0"], ["res"]),
+        helper.make_node("LayerNormalization", ["res", "ln_g", "ln_b"], ["y"], axis=-1),
+    ]
+    causal_bias = np.triu(np.full((seq, seq), -1e4, np.float32), 1)[None, None]
+    inits = [init("emb", _f32(20, hidden, scale=1)), init("pos", _f32(seq, hidden)),
+             *(init(w, _f32(hidden, hidden)) for w in ("wq", "wk", "wv", "wo")),
+             init("heads_shape", np.array([0, 0, heads, hd], np.int64)), init("scale", np.float32(hd ** -0.5)),
+             init("one", np.float32(1)), init("neg", np.float32(-1e4)), init("axes12", np.array([1, 2], np.int64)),
+             init("hidden_dim", np.array([hidden], np.int64)), init("ln_g", 1 + _f32(hidden)),
+             init("ln_b", _f32(hidden)), init("causal", causal_bias)]
+    return make(nodes, [vi("ids", ["B", seq], I64), vi("mask", ["B", seq], I64)], [vi("y", ["B", seq, hidden])],
+                inits, opset=17)
+
+
+def attention_feeds(n: int, seq: int = 6) -> dict[str, np.ndarray]:
+    mask = np.ones((n, seq), np.int64)
+    for i in range(n):
+        mask[i, seq - i % seq:] = 0  # sample i pads its last i % seq positions
+    return {"ids": RNG.integers(0, 20, (n, seq)).astype(np.int64), "mask": mask}
+
+
+def test_core_sizes() -> None:
+    assert core_sizes(1) == [1]
+    assert core_sizes(32) == [1, 2, 4, 8, 16, 32]
+    assert core_sizes(6) == [1, 2, 4, 6]
+
+
+@pytest.mark.parametrize(("model", "spec", "inputs"), [
+    (batch_mlp, "batch<=6", {"x": (24,)}),
+    (small_cnn, "N<=4", {"img": (3, 8, 8)}),
+    (attention_block, "ids:0<=3", None),
+    (lambda: attention_block(causal=True), "B<=3", None),
+], ids=["mlp", "cnn", "bert_like", "gpt2_like"])
+def test_dynamic_batch_matches_onnxruntime_at_every_size(tmp_path: Path, model, spec: str, inputs) -> None:
+    m = model()
+    res = compile_dynamic(m, tmp_path, "dyn", [spec])
+    lib = aotc.load(tmp_path / "dyn")
+    assert isinstance(lib, DynamicModel)
+    bound = res.dims[0].max
+    assert lib.dims == [(spec.split("<=")[0], bound)]
+    for n in sorted({1, 2, bound - 1, bound} - {0}):
+        feeds = attention_feeds(n) if inputs is None else {k: _f32(n, *s, scale=1) for k, s in inputs.items()}
+        got = lib.run(feeds)
+        want = ort_run(m, feeds)
+        assert [g.shape for g in got] == [w.shape for w in want]
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_allclose(g, w, rtol=2e-4, atol=2e-4)
+    with pytest.raises(ValueError, match=f"outside 1..{bound}"):
+        lib.run(attention_feeds(bound + 1) if inputs is None else
+                {k: _f32(bound + 1, *s) for k, s in inputs.items()})
+
+
+def test_threads_and_the_bound_entry_points(tmp_path: Path) -> None:
+    m = batch_mlp()
+    compile_dynamic(m, tmp_path, "dyn", ["batch<=5"])
+    lib = aotc.load(tmp_path / "dyn", threads=2)
+    x = _f32(5, 24, scale=1)
+    np.testing.assert_allclose(lib.run({"x": x})[0], ort_run(m, {"x": x})[0], rtol=1e-5, atol=1e-5)
+    out = np.empty((3, 5), np.float32)
+    assert lib.run([x[:3]], out=[out])[0] is out
+    np.testing.assert_array_equal(out, lib.run({"x": x})[0][:3])  # per sample: the same at any size
+
+
+# The C API at size 1, at the bound, and refused sizes, under ASan/UBSan: inputs are heap blocks of
+# exactly n samples, so a read past them is reported.
+C_APP = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "dyn.h"
+
+int main(void) {
+  if (DYN_NUM_DIMS != 1 || dyn_dim_max(0) != 6 || strcmp(dyn_dim_name(0), "batch") != 0) return 10;
+  if (dyn_input_dim(0, 0) != 0 || dyn_input_dim(0, 1) != -1 || dyn_output_dim(0, 0) != 0) return 11;
+  if (dyn_input_shape(0)[0] != 6 || dyn_input_shape(0)[1] != 24) return 12;
+  void *ws = aligned_alloc(64, DYN_WORKSPACE_BYTES + 64);
+  FILE *f = fopen("x.bin", "rb");
+  float all[6 * 24];
+  if (!f || fread(all, sizeof all, 1, f) != 1) return 13;
+  fclose(f);
+  const int64_t sizes[] = {1, 6, 5};
+  for (int k = 0; k < 3; k++) {
+    int64_t n = sizes[k];
+    float *x = malloc((size_t)n * 24 * sizeof(float)), *y = malloc((size_t)n * 5 * sizeof(float));
+    memcpy(x, all, (size_t)n * 24 * sizeof(float));
+    int rc = dyn_run_dims(&n, x, y, ws);
+    if (rc != DYN_OK) { printf("status %s\n", dyn_status_name(rc)); return 14; }
+    for (int i = 0; i < n * 5; i++) printf("%.9g\n", y[i]);
+    free(x);
+    free(y);
+  }
+  float x0[24] = {0}, y0[5] = {0};
+  const int64_t bad[] = {0, 7, -1};
+  for (int k = 0; k < 3; k++)
+    if (dyn_run_dims(&bad[k], x0, y0, ws) != DYN_ERR_DIM_OUT_OF_RANGE) return 15;
+  if (dyn_run_dims(NULL, x0, y0, ws) != DYN_ERR_DIM_OUT_OF_RANGE) return 16;
+  if (dyn_run_dims(&sizes[0], NULL, y0, ws) != DYN_ERR_NULL_ARGUMENT) return 17;
+  if (strcmp(dyn_status_name(DYN_ERR_DIM_OUT_OF_RANGE), "DYN_ERR_DIM_OUT_OF_RANGE") != 0) return 18;
+  free(ws);
+  return 0;
+}
+"""
+
+
+@pytest.mark.slow
+def test_c_api_under_sanitizers_at_one_and_the_bound(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    m = batch_mlp()
+    compile_dynamic(m, tmp_path, "dyn", ["batch<=6"], extra_cflags=[*SANITIZE, "-Wall", "-Wextra", "-Werror"])
+    x = _f32(6, 24, scale=1)
+    x.tofile(tmp_path / "x.bin")
+    monkeypatch.chdir(tmp_path)
+    proc = run_c_program_under_sanitizers(tmp_path, C_APP, "libdyn.a", SANITIZE)
+    got = np.array(proc.stdout.split(), np.float32)
+    want = np.concatenate([ort_run(m, {"x": x[:n]})[0].reshape(-1) for n in (1, 6, 5)])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert DIM_OUT_OF_RANGE == 16
+
+
+def test_cli_compiles_a_dynamic_library(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    m = batch_mlp()
+    onnx.save(m, tmp_path / "m.onnx")
+    assert main(["compile", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "out"), "--dynamic", "batch<=3"]) == 0
+    assert "cores at 1, 2, 3" in capsys.readouterr().out
+    header = (tmp_path / "out" / "m.h").read_text()
+    assert "int m_run_dims(const int64_t *dims, const float *x, float *logits, void *workspace);" in header
+    assert "#define M_DIM0_MAX ((int64_t)3)" in header
+    x = _f32(2, 24, scale=1)
+    np.testing.assert_allclose(aotc.load(tmp_path / "out" / "m").run({"x": x})[0], ort_run(m, {"x": x})[0],
+                               rtol=1e-5, atol=1e-5)
+    assert main(["compile", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "out"), "--dynamic", "batch<32"]) == 1
+    assert "expected DIM<=MAX" in capsys.readouterr().err
+
+
+# -- what the analysis refuses (no C compile) ------------------------------------------------------------
+
+def _one_input(nodes, out_shape, inits=(), in_shape=("B", 6)) -> onnx.ModelProto:
+    return make(nodes, [vi("x", list(in_shape))], [vi("y", list(out_shape))], list(inits))
+
+
+@pytest.mark.parametrize(("model", "message"), [
+    (_one_input([helper.make_node("ReduceMean", ["x"], ["y"], axes=[0])], [1, 6]),
+     "'ReduceMean'.*reduces over the batch axis"),
+    (_one_input([helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Gather", ["s", "zero"], ["n"]),
+                 helper.make_node("Cast", ["n"], ["nf"], to=TensorProto.FLOAT),
+                 helper.make_node("Div", ["x", "nf"], ["y"])], ["B", 6], [init("zero", np.array(0, np.int64))]),
+     "'Div'.*uses the batch size as data"),
+    (_one_input([helper.make_node("Reshape", ["x", "t"], ["y"])], [6, "B"], [init("t", np.array([6, -1], np.int64))]),
+     "reshapes .* which mixes samples"),
+    (_one_input([helper.make_node("Transpose", ["x"], ["xt"]), helper.make_node("MatMul", ["x", "xt"], ["y"])],
+                ["B", "B"]), "'MatMul'.*different axes"),
+    (_one_input([helper.make_node("Softmax", ["x"], ["y"], axis=0)], ["B", 6]), "normalizes along the batch axis"),
+    (_one_input([helper.make_node("Transpose", ["x"], ["y"])], [6, "B"]), "output 'y' has the batch on axis 1"),
+])
+def test_the_analysis_refuses_what_mixes_samples(model: onnx.ModelProto, message: str) -> None:
+    with pytest.raises(AotcError, match=message):
+        batch_axes(model, {"x": 0})
+
+
+def test_dimension_names_and_axes(tmp_path: Path) -> None:
+    m = attention_block()
+    with pytest.raises(AotcError, match="no dimension 'seq'.*symbolic dimensions: B"):
+        compile_dynamic(m, tmp_path, "d", ["seq<=8"])
+    with pytest.raises(AotcError, match="fixed at 6 by the model"):
+        compile_dynamic(m, tmp_path, "d", ["ids:1<=8"])
+    seq_model = make([helper.make_node("Relu", ["x"], ["y"])], [vi("x", [2, "S"])], [vi("y", [2, "S"])])
+    with pytest.raises(AotcError, match="axis 1 of input 'x'; aotc splits a batch on axis 0 only"):
+        compile_dynamic(seq_model, tmp_path, "d", ["S<=8"])
+    with pytest.raises(AotcError, match="one dynamic dimension"):
+        compile_dynamic(m, tmp_path, "d", ["B<=2", "ids:0<=2"])
+    assert batch_axes(m, {"ids": 0, "mask": 0}) == {"y": 0}
