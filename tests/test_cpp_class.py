@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from models import init, make, ort_run, vi
 from onnx import TensorProto, helper
+from tf_update_fixtures import update_fixtures_dir
 
 from aotc.codegen.cpp_class import parse_cpp_class
 from aotc.compiler import compile_model
@@ -475,3 +476,62 @@ def test_saved_model_cmake(tmp_path: Path, cxx: str) -> None:
     expected = data[f"sig_{key_out}"]
     got = np.fromfile(tmp_path / "y.bin", np.float32).reshape(expected.shape)
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+
+
+VARIABLES_PROGRAM = r"""
+#include <cstdio>
+#include <cstring>
+#include "g.hpp"
+
+int main(int argc, char **argv) {
+  (void)argc;
+  float in[2][6 + 12 + 4 + 8];  // per run: x, then (first run only) w, b, c
+  FILE *f = std::fopen(argv[1], "rb");
+  if (!f || std::fread(in, sizeof in, 1, f) != 1) return 2;
+  std::fclose(f);
+  static_assert(vars::G::kNumVariables == 3 && vars::G::kNumArgs == 4, "variables are arguments");
+  vars::G model;
+  std::memcpy(model.var_w_data(), in[0] + 6, sizeof(float) * 12);
+  std::memcpy(model.var_b_data(), in[0] + 18, sizeof(float) * 4);
+  const float c[8] = {in[0][22], in[0][23], in[0][24], in[0][25], in[0][26], in[0][27], in[0][28], in[0][29]};
+  model.set_var_cee_data(c);  // read-only: takes a const pointer
+  const float *read_only = model.var_cee_data();
+  if (read_only != c || model.num_variables() != 3 || model.var_w_count() != 12) return 3;
+  for (int run = 0; run < 2; ++run) {
+    std::memcpy(model.arg_x_data(), in[run], sizeof(float) * 6);
+    if (!model.Run()) {
+      std::printf("%s\n", model.error_msg().c_str());
+      return 1;
+    }
+    for (int i = 0; i < 8; ++i) std::printf("%.7g ", model.result_y_data()[i]);
+    for (int i = 0; i < 12; ++i) std::printf("%.7g ", model.var_w(static_cast<std::size_t>(i / 4), i % 4));
+    for (int i = 0; i < 4; ++i) std::printf("%.7g ", model.var_b_data()[i]);
+    std::printf("\n");
+  }
+  return 0;
+}
+"""
+
+
+def test_variables_in_the_class(tmp_path: Path, cxx: str) -> None:
+    """A TF graph's config variables: var_<name>_data accessors over the argument buffers, const for a
+    read-only one, kNumVariables; Run updates w and b in place, twice, as TensorFlow did (ASan/UBSan)."""
+    fx = update_fixtures_dir()
+    data = np.load(fx / "graph.npz")
+    cfg = tmp_path / "g.config.pbtxt"
+    cfg.write_text('feed { id { node_name: "x" } } fetch { id { node_name: "y" } }\n'
+                   'variable { node_name: "w" } variable { node_name: "b" }\n'
+                   'variable { node_name: "c" readonly: true name: "cee" }\n')
+    compile_model(fx / "graph.pb", tmp_path, "g", config=cfg, cpp_class="vars::G")
+    header = (tmp_path / "g.hpp").read_text()
+    assert "void set_var_w_data(float *data)" in header and "void set_var_cee_data(const float *data)" in header
+    first = np.concatenate([data[k].ravel() for k in ("x_0", "init_w", "init_b", "init_c")])
+    second = np.concatenate([data["x_1"].ravel(), np.zeros(24, np.float32)])
+    (tmp_path / "in.bin").write_bytes(np.concatenate([first, second]).astype(np.float32).tobytes())
+    exe = build(tmp_path / "libg.a", {"main.cc": VARIABLES_PROGRAM}, tmp_path, tuple(SANITIZE))
+    proc = subprocess.run([str(exe), str(tmp_path / "in.bin")], capture_output=True, text=True, timeout=TIMEOUT)
+    assert proc.returncode == 0 and "runtime error" not in proc.stderr, proc.stdout + proc.stderr
+    for run, line in enumerate(proc.stdout.splitlines()):
+        got = np.array(line.split(), np.float32)
+        want = np.concatenate([data[f"y_{run}"].ravel(), data[f"w_{run}"].ravel(), data[f"b_{run}"].ravel()])
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

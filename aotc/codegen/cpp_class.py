@@ -27,7 +27,7 @@ _MEMBER_SUFFIXES = frozenset({"data"})
 _MEMBERS = frozenset({"AllocMode", "Run", "LookupArgIndex", "LookupResultIndex", "GetArgName", "GetResultName",
                       "ArgSize", "ResultSize", "ArgRank", "ResultRank", "ArgShape", "ResultShape",
                       "WorkspaceSize", "kNumArgs", "kNumResults", "kNumVariables"})
-_MEMBER_PATTERN = re.compile(r"(?:set_)?(?:arg|result)(?:\d+|_\w+)\w*|num_(?:args|results|variables)"
+_MEMBER_PATTERN = re.compile(r"(?:set_)?(?:arg|result|var)(?:\d+|_\w+)\w*|num_(?:args|results|variables)"
                              r"|error_msg|set_thread_pool|set_workspace")
 _INT_MAX = 2**31 - 1
 ALIGN = 64
@@ -74,6 +74,8 @@ class _Tensor:
     offset: int         # in the class's buffer block
     named: str | None   # the suffix of the named methods (arg_<named>_data), None when the name has none
     note: str = ""
+    variable: bool = False  # a TensorFlow variable: also var_<named>_data(), const when read-only
+    readonly: bool = False
 
     @property
     def size_type(self) -> str:
@@ -118,7 +120,7 @@ def _method_names(tensors: list[TensorInfo], model: str) -> list[str | None]:
         while True:
             members = {name, f"{name}_data", f"{name}_size", f"{name}_count"}
             if not members & taken and not any(_is_macro(f"{p}_{m}", model)
-                                               for p in ("arg", "result") for m in members):
+                                               for p in ("arg", "result", "var") for m in members):
                 break
             k += 1
             name = f"{base}_{k}"
@@ -137,8 +139,10 @@ def _layout(infos: list[TensorInfo], start: int, model: str) -> tuple[list[_Tens
             note = f"valid extent along axis {t.bound_axis} in result {t.count}"
         elif t.count_for:
             note = "valid extent of result " + ", ".join(str(c) for c in t.count_for)
+        if t.updated:
+            note = "a variable updated in place by Run"
         out.append(_Tensor(i, comment(t.name, 60), "bool" if t.ctype == "_Bool" else t.ctype, t.dtype,
-                           list(t.shape), t.size, nbytes, offset, named, note))
+                           list(t.shape), t.size, nbytes, offset, named, note, t.variable, t.readonly))
         offset += -(-max(nbytes, 1) // ALIGN) * ALIGN  # at least one aligned slot: never a shared address
     return out, offset
 
@@ -156,9 +160,6 @@ def cpp_header(lib: Library, cpp_class: str, source: str) -> bytes:
     namespaces, cls = parse_cpp_class(cpp_class, lib.name)
     results, results_end = _layout(lib.outputs, 0, lib.name)
     args, total = _layout(lib.inputs, results_end, lib.name)
-    # TODO(variables): when the TensorFlow frontend keeps variables as in-place arguments
-    # (tf2xla.Config's `variable`), give them set_var_<name>_data/var_<name>_data here, as tfcompile's
-    # header does, and count them in kNumVariables; until then a model has no variables.
     return env().get_template("cpp_class.hpp.j2").render(
         name=lib.name, version=__version__, source=comment(source, 60), namespaces=namespaces, cls=cls,
         qualified="::".join([*namespaces, cls]), args=args, results=results, results_bytes=results_end,

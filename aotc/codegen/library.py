@@ -49,6 +49,9 @@ class TensorInfo:
     count_for: list[int] = field(default_factory=list)
     # An input the run updates in place (Graph.add_update): a non-const pointer in the C API.
     updated: bool = False
+    # A TensorFlow variable (Graph.variables), and whether it is read-only.
+    variable: bool = False
+    readonly: bool = False
 
     @property
     def size(self) -> int:
@@ -218,8 +221,10 @@ def _arguments(entry: Entry, mangle: Mangler) -> tuple[list[TensorInfo], list[Te
                                       (entry.output_names, entry.graph.outputs, {}, res[1])):
         for i, (n, v) in enumerate(zip(names, values, strict=True)):
             if i not in skip and (dest is res[0] or i < entry.graph.num_fetches):  # not an update's value
+                var = entry.graph.variables.get(n) if dest is res[0] else None
                 dest.append(TensorInfo(n, mangle(n), dtypes.dtype_name(v.dtype), dtypes.c_type(v.dtype),
-                                       list(v.shape), updated=any(v is u for u in entry.graph.updates)))
+                                       list(v.shape), updated=any(v is u for u in entry.graph.updates),
+                                       variable=var is not None, readonly=bool(var)))
     return res
 
 

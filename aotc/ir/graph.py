@@ -75,6 +75,9 @@ class Graph:
         # Inputs updated in place (XLA's input/output aliasing): the last len(updates) outputs are
         # their new values, in this order. See add_update.
         self.updates: list[Value] = []
+        # Inputs that are TensorFlow variables (tfcompile's config ``variable``), by name -> whether
+        # read-only: the C++ class gives them tfcompile's var_<name> methods.
+        self.variables: dict[str, bool] = {}
 
     # -- construction -----------------------------------------------------------------------
     def add_node(self, op: str, inputs: list[Value | None], n_outputs: int = 1,

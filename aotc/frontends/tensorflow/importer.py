@@ -208,6 +208,7 @@ def translate(gd: Any, shapes: dict[str, tuple[int, ...]] | None, name: str, fee
         position = {name: i for i, name in enumerate(nodes)}
         g.inputs.sort(key=lambda v: position[v.name])
     g.inputs += var_inputs  # variables last, as tfcompile orders its arguments
+    g.variables = {v.name: k[0] not in writable for k, v in zip(var_feeds, var_inputs, strict=True)}
     for key, fetch_name in fetches:
         if key not in env:
             raise AotcError(f"fetch {tensor_name(key)!r}: {nodes[key[0]].op} node {key[0]!r} has no output "
