@@ -28,12 +28,19 @@ def apply_optimizer(b: GradBuilder, opt: Optimizer, params: list[Value], grads: 
     step = state("step", "step", (), np.dtype(np.int64))
     t = b.op("Add", step, b.const(np.int64(1)))
     g.add_update(step, t)
-    tf = b.op("Cast", t, to=onnx.TensorProto.FLOAT)
+    if opt.kind == "adam":  # the bias corrections: scalars computed once per step, not per element
+        tf = b.op("Cast", t, to=onnx.helper.np_dtype_to_tensor_dtype(np.dtype(params[0].dtype)))
+        one = b.const(1.0, tf.dtype)
+        bc1 = b.op("Sub", one, b.op("Pow", b.const(opt["beta1"], tf.dtype), tf))
+        bc2 = b.op("Sub", one, b.op("Pow", b.const(opt["beta2"], tf.dtype), tf))
+        step_size = b.op("Div", b.const(opt["lr"], tf.dtype), bc1)
+        sqrt_bc2 = b.op("Sqrt", bc2)
     for p in params:
         grad = grads[p.name]
 
         def c(x: float, like: Value = p) -> Value:
             return b.const(x, like.dtype)
+
         if opt.kind == "sgd":
             new = b.op("Sub", p, b.op("Mul", grad, c(opt["lr"])))
         elif opt.kind == "momentum":
@@ -50,9 +57,6 @@ def apply_optimizer(b: GradBuilder, opt: Optimizer, params: list[Value], grads: 
             v_new = b.op("Add", b.op("Mul", v, c(b2)), b.op("Mul", b.op("Mul", grad, grad), c(1 - b2)))
             g.add_update(m, m_new)
             g.add_update(v, v_new)
-            bc1 = b.op("Sub", c(1.0, tf), b.op("Pow", c(b1, tf), tf))
-            bc2 = b.op("Sub", c(1.0, tf), b.op("Pow", c(b2, tf), tf))
-            step_size = b.op("Div", c(opt["lr"], tf), bc1)
-            denom = b.op("Add", b.op("Div", b.op("Sqrt", v_new), b.op("Sqrt", bc2)), c(opt["eps"]))
+            denom = b.op("Add", b.op("Div", b.op("Sqrt", v_new), sqrt_bc2), c(opt["eps"]))
             new = b.op("Sub", p, b.op("Mul", b.op("Div", m_new, denom), step_size))
         g.add_update(p, new)
