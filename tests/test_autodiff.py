@@ -111,6 +111,8 @@ def test_cnn_gradients_match_torch(tmp_path) -> None:
     model, shapes = _cnn()
     arrays, t = _cnn_feeds(1)
     graph = _with_gradients(model, list(arrays), "cnn")
+    # The grouped conv with trained weights runs as im2col + GEMM; the one-channel conv keeps its kernel.
+    assert [n.op for n in graph.nodes].count("Conv") == 1 and any(n.op == "aotc.Im2Col" for n in graph.nodes)
     got = aotc.compile(graph, tmp_path, name="cnn", threads=2).run({**arrays, "t": t})
     p = _torch(arrays)
     loss = _cnn_loss(p, t)
@@ -167,3 +169,23 @@ def test_backward_kernels_are_clean_under_sanitizers(tmp_path) -> None:
     feeds = {**arrays, "t": t}
     run_generated_test_under_sanitizers(graph, tmp_path, SANITIZE, test_data=([feeds[v.name] for v in graph.inputs],
                                                                               expected))
+
+
+def test_float64_conv_keeps_its_node_and_its_rule(tmp_path) -> None:
+    """Only float32 convs become im2col + GEMM; the Conv rule differentiates the others."""
+    rng = np.random.default_rng(3)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["y"], strides=[2, 1], pads=[1, 0, 1, 1], group=2),
+             helper.make_node("Mul", ["y", "y"], ["y2"]), helper.make_node("ReduceSum", ["y2"], ["loss"], keepdims=0)]
+    d = TensorProto.DOUBLE
+    g = helper.make_graph(nodes, "m", [_vi("x", [2, 4, 5, 5], d), _vi("w", [4, 2, 3, 2], d)], [_vi("loss", [], d)])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = IR_VERSION
+    graph = _with_gradients(model, ["x", "w"], "c64")
+    assert [n.op for n in graph.nodes].count("Conv") == 1
+    arrays = {"x": rng.standard_normal((2, 4, 5, 5)), "w": rng.standard_normal((4, 2, 3, 2))}
+    got = aotc.compile(graph, tmp_path, name="c64").run(arrays)
+    p = _torch(arrays)
+    y = F.conv2d(F.pad(p["x"], (0, 1, 1, 1)), p["w"], stride=(2, 1), groups=2)
+    loss = (y * y).sum()
+    loss.backward()
+    _compare(got, loss, p, rtol=1e-9)

@@ -14,6 +14,7 @@ import aotc.ops.grads  # noqa: F401  (attaches the rules to the op table)
 from aotc.errors import AotcError
 from aotc.ir.graph import Graph, Node, Value
 from aotc.ops.grads.builder import GradBuilder, differentiable
+from aotc.ops.grads.conv import conv_as_gemm
 from aotc.ops.registry import OPS
 from aotc.passes.propagate import propagate
 
@@ -45,6 +46,7 @@ def gradients(graph: Graph, loss: Value, wrt: list[Value], prefix: str = "grad")
     if loss.shape is None or loss.size != 1 or not differentiable(loss):
         raise AotcError(f"the loss {loss.name!r} must be a float scalar, not {loss.type_str()}")
 
+    lower_runtime_convs(graph, prefix)
     active = _active_nodes(graph, loss, wrt)
     missing: dict[str, list[str]] = {}
     for n in active:
@@ -73,6 +75,22 @@ def gradients(graph: Graph, loss: Value, wrt: list[Value], prefix: str = "grad")
             cot[id(v)] = g if prev is None else b.add(prev, g)
     b.node = None
     return {v.name: cot[id(v)] if id(v) in cot else b.zeros(v.shape, v.dtype) for v in wrt}
+
+
+def lower_runtime_convs(graph: Graph, prefix: str = "gemm") -> int:
+    """Rewrite each float32 Conv whose weights are computed at run time (the parameters of a training
+    step) and that is not depthwise as im2col + GEMM: the conv kernels' fast paths need constant
+    weights, the GEMM kernel does not. Returns how many were rewritten."""
+    b = GradBuilder(graph, prefix)
+    todo = [n for n in graph.nodes if n.op == "Conv" and n.inputs[1] is not None and not n.inputs[1].is_const
+            and n.outputs[0].dtype == np.float32 and n.inputs[1].shape[1] > 1]
+    for n in todo:
+        b.node = n
+        conv_as_gemm(b, n)
+        graph.nodes.remove(n)
+    if todo:
+        graph.toposort()
+    return len(todo)
 
 
 def _active_nodes(graph: Graph, loss: Value, wrt: list[Value]) -> list[Node]:

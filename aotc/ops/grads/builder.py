@@ -64,8 +64,17 @@ class GradBuilder:
         return v if v.shape == shape else self.op("Reshape", v, self.ints(shape))
 
     def transpose(self, v: Value, perm: Sequence[int]) -> Value:
+        """``v`` transposed; a transpose of a Transpose becomes one (or none) on the latter's input."""
         perm = [int(p) for p in perm]
+        src = v.producer
+        if src is not None and src.op == "Transpose" and src.inputs[0] is not None and "perm" in src.attrs:
+            v, perm = src.inputs[0], [int(src.attrs["perm"][p]) for p in perm]
         return v if perm == sorted(perm) else self.op("Transpose", v, perm=perm)
+
+    def transpose_cost(self, v: Value) -> int:
+        """Elements a transpose of ``v``'s last two axes copies (none when it undoes a Transpose)."""
+        src = v.producer
+        return 0 if src is not None and src.op == "Transpose" else v.size
 
     def swap_last(self, v: Value) -> Value:
         """The matrices of ``v`` (its last two axes) transposed."""

@@ -111,3 +111,31 @@ def _conv(b: GradBuilder, node: Node, dys: Grads, needs: list[bool]) -> Grads:
         gb = b.reduce_sum(gy, [0, *range(2, len(gy.shape))], keepdims=False)
     return [gx, gw, gb]
 
+
+
+@rule("aotc.Im2Col")
+def _im2col(b: GradBuilder, node: Node, dys: Grads, needs: list[bool]) -> Grads:
+    g = dys[0]
+    assert g is not None
+    return [b.op("aotc.Col2Im", g, **forward_attrs(node))]
+
+
+def conv_as_gemm(b: GradBuilder, node: Node) -> None:
+    """Rewrite Conv ``node`` as Im2Col, a GEMM with the weights and a bias add, in place: its output
+    Value is then written by the last new node. For weights computed at run time (parameters being
+    trained), which the conv kernels' fast paths do not take; the backward then shares the columns."""
+    x, w = node.inputs[0], node.inputs[1]
+    bias = node.inputs[2] if len(node.inputs) > 2 else None
+    out = node.outputs[0]
+    assert x is not None and w is not None
+    geo = forward_geometry("Conv", forward_attrs(node), list(x.shape), list(w.shape))
+    grp, mg = geo.group, geo.m // geo.group
+    cols = b.op("aotc.Im2Col", x, **forward_attrs(node), x_shape=list(x.shape), w_shape=list(w.shape))
+    wt = b.transpose(b.reshape(w, (grp, mg, w.size // geo.m)), [0, 2, 1])
+    y = b.reshape(b.op("MatMul", cols, wt), (grp, geo.n, geo.out_size, mg))
+    y = b.reshape(b.transpose(y, [1, 0, 3, 2]), out.shape)
+    if bias is not None:
+        y = b.add(y, b.reshape(bias, (geo.m, *[1] * (len(out.shape) - 2))))
+    last = y.producer
+    assert last is not None
+    last.outputs[0], out.producer = out, last

@@ -28,15 +28,29 @@ def _matmul(b: GradBuilder, node: Node, dys: Grads, needs: list[bool]) -> Grads:
         if len(a.shape) == 2 and m.shape[:-2] == full[:-2] and batch:  # A shared by the batch: one product
             ga = b.op("MatMul", _rows_t(b, g2), _rows(b, b.swap_last(m)))
         else:
-            ga = b.sum_to(b.op("MatMul", g2, b.swap_last(m)), a.shape)
+            ga = b.sum_to(_times_t(b, g2, m), a.shape)
         ga = b.reshape(ga, x.shape)
     if needs[1]:
         if len(m.shape) == 2 and a.shape[:-2] == full[:-2] and batch:  # B shared (a Linear on a sequence)
             gw = b.op("MatMul", b.swap_last(_rows(b, a)), _rows(b, g2))
         else:
-            gw = b.sum_to(b.op("MatMul", b.swap_last(a), g2), m.shape)
+            gw = b.sum_to(_t_times(b, a, g2), m.shape)
         gw = b.reshape(gw, w.shape)
     return [ga, gw]
+
+
+def _times_t(b: GradBuilder, p: Value, q: Value) -> Value:
+    """p @ q^T (over the last two axes), as (q @ p^T)^T when transposing q would copy more."""
+    if b.transpose_cost(q) <= b.transpose_cost(p) + p.size // max(p.shape[-1], 1) * q.shape[-2]:
+        return b.op("MatMul", p, b.swap_last(q))
+    return b.swap_last(b.op("MatMul", q, b.swap_last(p)))
+
+
+def _t_times(b: GradBuilder, p: Value, q: Value) -> Value:
+    """p^T @ q, as (q^T @ p)^T when transposing p would copy more (an im2col's columns, say)."""
+    if b.transpose_cost(p) <= b.transpose_cost(q) + p.size // max(p.shape[-2], 1) * q.shape[-1]:
+        return b.op("MatMul", b.swap_last(p), q)
+    return b.swap_last(b.op("MatMul", b.swap_last(q), p))
 
 
 def _rows_t(b: GradBuilder, v: Value) -> Value:

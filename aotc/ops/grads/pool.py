@@ -35,13 +35,15 @@ def _infer(node: Node):
 
 def _window(g: Geometry) -> list[str]:
     """Loops over the taps (kd, kh, kw) of output (od, oh, ow) that fall inside the input, with ``i``
-    the tap's offset in the input plane."""
+    the tap's offset in the input plane. Without padding and with every window inside the input (the
+    usual 2x2 stride 2), there is nothing to check."""
+    checked = any(g.pb[ax] or (g.out[ax] - 1) * g.s[ax] + (g.k[ax] - 1) * g.d[ax] >= g.inp[ax] for ax in range(3))
     lines = []
     for ax, (o, k, p) in enumerate((("od", "kd", "id"), ("oh", "kh", "ih"), ("ow", "kw", "iw"))):
         ind = "  " * ax
         lines += [f"{ind}for (ptrdiff_t {k} = 0; {k} < {g.k[ax]}; {k}++) {{",
                   f"{ind}  const ptrdiff_t {p} = (ptrdiff_t){o} * {g.s[ax]} - {g.pb[ax]} + {k} * {g.d[ax]};",
-                  f"{ind}  if ({p} < 0 || {p} >= {g.inp[ax]}) continue;"]
+                  *([f"{ind}  if ({p} < 0 || {p} >= {g.inp[ax]}) continue;"] if checked else [])]
     lines.append(f"      const size_t i = ((size_t)id * {g.inp[1]} + (size_t)ih) * {g.inp[2]} + (size_t)iw;")
     return lines
 
@@ -67,7 +69,8 @@ def _emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
                   f"  {ctype} acc = -INFINITY; size_t arg = (size_t)-1;",
                   *_window(g),
                   "      const " + ctype + " xv = xc[i];",
-                  "      if (arg == (size_t)-1 || xv > acc || (xv != xv && acc == acc)) { acc = xv; arg = i; }",
+                  "      const int take = (arg == (size_t)-1) | (xv > acc) | ((xv != xv) & (acc == acc));",
+                  "      acc = take ? xv : acc; arg = take ? i : arg;  /* selects: the branch is a coin toss */",
                   close,
                   "  if (arg != (size_t)-1) dx[arg] += gv;"]
     else:
