@@ -189,3 +189,65 @@ def test_float64_conv_keeps_its_node_and_its_rule(tmp_path) -> None:
     loss = (y * y).sum()
     loss.backward()
     _compare(got, loss, p, rtol=1e-9)
+
+
+def _transformer():
+    """A one-block causal language model: embeddings (Gather), LayerNorm, two-head attention with a
+    causal mask (Where), GELU MLP, residuals, a vocabulary projection and cross-entropy."""
+    b, s, d, h, v = 2, 4, 8, 2, 11
+    shapes = {"emb": (v, d), "pos": (s, d), "g1": (d,), "o1": (d,), "wqkv": (d, 3 * d), "wo": (d, d),
+              "g2": (d,), "w1": (d, 16), "c1": (16,), "w2": (16, d), "head": (d, v)}
+    inits = [numpy_helper.from_array(np.array(a, np.int64), n) for n, a in
+             (("heads", [b, s, 3, h, d // h]), ("merged", [b, s, d]))]
+    inits += [numpy_helper.from_array(np.tril(np.ones((s, s), bool)), "causal"),
+              numpy_helper.from_array(np.array(-1e9, np.float32), "minus_inf"),
+              numpy_helper.from_array(np.array((d // h) ** -0.5, np.float32), "scale")]
+    n = helper.make_node
+    nodes = [n("Gather", ["emb", "ids"], ["e"]), n("Add", ["e", "pos"], ["x0"]),
+             n("LayerNormalization", ["x0", "g1", "o1"], ["l1"]),
+             n("MatMul", ["l1", "wqkv"], ["qkv"]), n("Reshape", ["qkv", "heads"], ["qkv5"]),
+             n("Transpose", ["qkv5"], ["qkvt"], perm=[2, 0, 3, 1, 4]),
+             n("Split", ["qkvt"], ["q1", "k1", "v1"], axis=0, num_outputs=3),
+             *(n("Squeeze", [f"{t}1", "zero"], [t]) for t in "qkv"),
+             n("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]), n("MatMul", ["q", "kt"], ["sc0"]),
+             n("Mul", ["sc0", "scale"], ["sc1"]), n("Where", ["causal", "sc1", "minus_inf"], ["sc"]),
+             n("Softmax", ["sc"], ["p"], axis=-1), n("MatMul", ["p", "v"], ["att"]),
+             n("Transpose", ["att"], ["att_t"], perm=[0, 2, 1, 3]), n("Reshape", ["att_t", "merged"], ["att_m"]),
+             n("MatMul", ["att_m", "wo"], ["proj"]), n("Add", ["x0", "proj"], ["x1"]),
+             n("LayerNormalization", ["x1", "g2"], ["l2"]), n("MatMul", ["l2", "w1"], ["f0"]),
+             n("Add", ["f0", "c1"], ["f1"]), n("Gelu", ["f1"], ["f2"]), n("MatMul", ["f2", "w2"], ["f3"]),
+             n("Add", ["x1", "f3"], ["x2"]), n("MatMul", ["x2", "head"], ["logits"]),
+             n("Transpose", ["logits"], ["logits_t"], perm=[0, 2, 1]),
+             n("SoftmaxCrossEntropyLoss", ["logits_t", "tgt"], ["loss"])]
+    inits.append(numpy_helper.from_array(np.array([0], np.int64), "zero"))
+    inputs = [*(_vi(k, list(sh)) for k, sh in shapes.items()), _vi("ids", [b, s], TensorProto.INT64),
+              _vi("tgt", [b, s], TensorProto.INT64)]
+    return _model(nodes, inputs, inits, opset=21), shapes
+
+
+def _transformer_loss(p, ids, tgt):
+    b, s = ids.shape
+    d = p["emb"].shape[1]
+    x0 = p["emb"][torch.tensor(ids)] + p["pos"]
+    qkv = (F.layer_norm(x0, (d,), p["g1"], p["o1"]) @ p["wqkv"]).reshape(b, s, 3, 2, d // 2).permute(2, 0, 3, 1, 4)
+    sc = (qkv[0] @ qkv[1].transpose(-1, -2)) * (d // 2) ** -0.5
+    sc = torch.where(torch.tril(torch.ones(s, s, dtype=torch.bool)), sc, torch.tensor(-1e9, dtype=sc.dtype))
+    att = (sc.softmax(-1) @ qkv[2]).transpose(1, 2).reshape(b, s, d)
+    x1 = x0 + att @ p["wo"]
+    x2 = x1 + F.gelu(F.layer_norm(x1, (d,), p["g2"]) @ p["w1"] + p["c1"]) @ p["w2"]
+    return F.cross_entropy((x2 @ p["head"]).transpose(1, 2), torch.tensor(tgt))
+
+
+def test_transformer_block_gradients_match_torch(tmp_path) -> None:
+    rng = np.random.default_rng(4)
+    model, shapes = _transformer()
+    params = _params(rng, shapes, 0.5)
+    params["g1"] += 1
+    params["g2"] += 1
+    ids, tgt = rng.integers(0, 11, (2, 4)), rng.integers(0, 11, (2, 4))
+    graph = _with_gradients(model, list(shapes), "lm")
+    got = aotc.compile(graph, tmp_path, name="lm", threads=2).run({**params, "ids": ids, "tgt": tgt})
+    p = _torch(params)
+    loss = _transformer_loss(p, ids, tgt)
+    loss.backward()
+    _compare(got, loss, p)
