@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from models import init, make, ort_run, vi
 from onnx import TensorProto, helper
-from tf_update_fixtures import update_fixtures_dir
+from tf_small_fixtures import small_fixtures_dir
 
 from aotc.codegen.cpp_class import parse_cpp_class
 from aotc.compiler import compile_model
@@ -516,7 +516,7 @@ int main(int argc, char **argv) {
 def test_variables_in_the_class(tmp_path: Path, cxx: str) -> None:
     """A TF graph's config variables: var_<name>_data accessors over the argument buffers, const for a
     read-only one, kNumVariables; Run updates w and b in place, twice, as TensorFlow did (ASan/UBSan)."""
-    fx = update_fixtures_dir()
+    fx = small_fixtures_dir()
     data = np.load(fx / "graph.npz")
     cfg = tmp_path / "g.config.pbtxt"
     cfg.write_text('feed { id { node_name: "x" } } fetch { id { node_name: "y" } }\n'

@@ -1,6 +1,6 @@
 """TensorFlow variables as arguments (tfcompile's config ``variable`` entries, a SavedModel's
 ``--variables-to-feed``): read-only ones are inputs, assigned ones in-place arguments that hold
-TensorFlow's values after each of two runs (fixtures from TensorFlow: tests/tf_update_fixtures.py)."""
+TensorFlow's values after each of two runs (fixtures from TensorFlow: tests/tf_small_fixtures.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from onnx_helpers import SANITIZE, require_sanitizers
-from tf_update_fixtures import update_fixtures_dir
+from tf_small_fixtures import small_fixtures_dir
 
 import aotc
 from aotc.compiler import compile_model
@@ -28,7 +28,7 @@ variable { node_name: "c" readonly: true name: "cee" }
 
 @pytest.fixture(scope="module")
 def fx() -> Path:
-    return update_fixtures_dir()
+    return small_fixtures_dir()
 
 
 def config(tmp_path: Path, text: str = CONFIG) -> Path:

@@ -30,6 +30,7 @@ from aotc.config import Config, Feed, TensorId, Variable
 from aotc.errors import AotcError, UnsupportedOpsError
 from aotc.frontends.tensorflow import array, elementwise, nn  # noqa: F401 - they fill the op table
 from aotc.frontends.tensorflow.context import OPSET, TF_OPS, Ctx
+from aotc.frontends.tensorflow.dilated import fold_space_to_batch
 from aotc.frontends.tensorflow.inline import inline_functions
 from aotc.frontends.tensorflow.proto import load_graphdef
 from aotc.frontends.tensorflow.tensors import attr_value, to_numpy
@@ -136,6 +137,7 @@ def translate(gd: Any, shapes: dict[str, tuple[int, ...]] | None, name: str, fee
         if n.name in nodes:
             raise AotcError(f"two nodes are named {n.name!r}")
         nodes[n.name] = n
+    nodes = fold_space_to_batch(nodes)
     shapes = dict(shapes or {})
     for key, _ in fetches:
         if key[0] not in nodes:

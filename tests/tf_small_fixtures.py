@@ -1,8 +1,8 @@
-"""TensorFlow fixtures for variables updated in place, built with TensorFlow itself, and what
-TensorFlow computes when the graph runs twice.
+"""Small TensorFlow fixtures built with TensorFlow itself, with what TensorFlow computes on them:
+variables updated in place (run twice) and dilated convolutions as tf.nn.convolution writes them.
 
-Run as a script (``python tests/tf_update_fixtures.py OUT_DIR``) so that the test process never imports
-TensorFlow; ``update_fixtures_dir`` caches the result under a directory keyed by this file's hash.
+Run as a script (``python tests/tf_small_fixtures.py OUT_DIR``) so that the test process never imports
+TensorFlow; ``small_fixtures_dir`` caches the result under a directory keyed by this file's hash.
 
 - ``graph.pb``: a TF1-style graph (resource variables as VarHandleOp nodes, as tfcompile's users
   write them) whose fetch ``y`` depends, through control edges, on an AssignAddVariableOp and an
@@ -11,6 +11,9 @@ TensorFlow; ``update_fixtures_dir`` caches the result under a directory keyed by
   after each run.
 - ``module_saved_model/``: a tf.Module whose tf.function signature ``step`` assigns, adds to and
   subtracts from its variables; ``module.npz`` the same for two calls of the reloaded signature.
+- ``dilated.pb``: tf.nn.convolution and tf.nn.depthwise_conv2d with dilation rates, SAME and VALID,
+  which TensorFlow writes as SpaceToBatchND -> Conv2D (or DepthwiseConv2dNative) -> BatchToSpaceND;
+  ``dilated.npz`` the input ``x`` and the outputs ``y_<name>``.
 """
 
 from __future__ import annotations
@@ -25,9 +28,9 @@ from pathlib import Path
 CACHE = Path(os.environ.get("AOTC_TF_FIXTURES", Path(tempfile.gettempdir()) / "aotc-tf-fixtures"))
 
 
-def update_fixtures_dir() -> Path:
+def small_fixtures_dir() -> Path:
     """The directory holding the fixtures, generated (in a subprocess) on first use."""
-    key = "updates-" + hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
+    key = "small-" + hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
     out = CACHE / key
     if (out / "done").is_file():
         return out
@@ -115,6 +118,30 @@ def _module(out: Path) -> None:
     np.savez(out / "module.npz", **arrays)
 
 
+def _dilated(out: Path) -> None:
+    import numpy as np
+    import tensorflow as tf
+
+    rng = np.random.default_rng(2)
+    x0 = rng.standard_normal((2, 13, 11, 4)).astype(np.float32)
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, x0.shape, name="x")
+        w = tf.constant(rng.standard_normal((3, 3, 4, 6)).astype(np.float32))
+        dw = tf.constant(rng.standard_normal((3, 2, 4, 2)).astype(np.float32))
+        outs = {
+            "same": tf.nn.convolution(x, w, padding="SAME", dilations=[2, 3]),
+            "valid": tf.nn.convolution(x, w, padding="VALID", dilations=[3, 2]),
+            "depthwise": tf.nn.depthwise_conv2d(x, dw, [1, 1, 1, 1], "SAME", dilations=[2, 2]),
+        }
+        for k, v in outs.items():
+            tf.identity(v, name=f"y_{k}")
+        with tf.compat.v1.Session(graph=g) as sess:
+            arrays = {f"y_{k}": sess.run(f"y_{k}:0", {x: x0}) for k in outs}
+    (out / "dilated.pb").write_bytes(g.as_graph_def().SerializeToString())
+    np.savez(out / "dilated.npz", x=x0, **arrays)
+
+
 if __name__ == "__main__":
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
@@ -124,3 +151,4 @@ if __name__ == "__main__":
     tf.config.threading.set_inter_op_parallelism_threads(1)
     _graph(Path(sys.argv[1]))
     _module(Path(sys.argv[1]))
+    _dilated(Path(sys.argv[1]))
