@@ -142,3 +142,8 @@ def test_in_place_updates_are_clean_under_sanitizers(tmp_path):
     assert "runtime error" not in proc.stderr and "AddressSanitizer" not in proc.stderr, proc.stderr
     assert proc.returncode == 0 and "m_test: PASSED" in proc.stdout, proc.stdout
     assert json.loads((tmp_path / "m.json").read_text())["inputs"][3]["updated"] is True
+
+
+def test_in_place_kernels_compile_without_warnings(tmp_path):
+    g = updated(HAZARDS, ["w", "v", "a", "b"])
+    compile_model(g, tmp_path, "m", extra_cflags=["-Wall", "-Wextra", "-Werror"], target_cpu="x86-64-v3")
