@@ -24,7 +24,7 @@ import aotc
 from aotc.frontends.onnx import import_onnx
 from aotc.training.autodiff import gradients
 
-OPSET = 21
+OPSET = 24
 _ids = itertools.count()
 
 

@@ -218,3 +218,84 @@ def _cast(b, node, x, y, g):
     if not differentiable(x):
         return None
     return g if g.dtype == x.dtype else b.op("Cast", g, to=dtypes.onnx_type(x.dtype))
+
+
+def _positive(b: GradBuilder, x: Value) -> Value:
+    return b.op("Greater", x, b.scalar(0, x))
+
+
+@rule("PRelu")
+def _prelu(b: GradBuilder, node: Node, dys: Grads, needs: list[bool]) -> Grads:
+    g, (x, slope) = dys[0], node.inputs
+    assert g is not None and x is not None and slope is not None
+    pos = b.op("Less", x, b.scalar(0, x))  # the kernel's test: x < 0 takes the slope
+    gx = b.op("Where", pos, b.mul(g, slope), g) if needs[0] else None
+    gs = _where_zero(b, pos, b.mul(g, x)) if needs[1] else None
+    return _to_inputs(b, node, needs, gx, gs)
+
+
+@_unary("Elu")
+def _elu(b, node, x, y, g):  # below zero y' = y + alpha
+    alpha = float(node.attr("alpha", 1.0))
+    return b.op("Where", b.op("Less", x, b.scalar(0, x)), b.mul(g, b.add(y, b.scalar(alpha, y))), g)
+
+
+@_unary("Selu")
+def _selu(b, node, x, y, g):  # gamma above zero, y + gamma alpha at or below
+    alpha = float(node.attr("alpha", 1.67326319217681884765625))
+    gamma = float(node.attr("gamma", 1.05070102214813232421875))
+    return b.op("Where", _positive(b, x), b.scale(g, gamma), b.mul(g, b.add(y, b.scalar(gamma * alpha, y))))
+
+
+@_unary("Celu")
+def _celu(b, node, x, y, g):  # below zero y' = exp(x / alpha) = y / alpha + 1
+    alpha = float(node.attr("alpha", 1.0))
+    return b.op("Where", b.op("Less", x, b.scalar(0, x)), b.mul(g, b.add(b.scale(y, 1 / alpha), b.scalar(1, y))), g)
+
+
+@_unary("HardSigmoid")
+def _hard_sigmoid(b, node, x, y, g):
+    inside = b.op("And", _positive(b, y), b.op("Less", y, b.scalar(1, y)))
+    return _where_zero(b, inside, b.scale(g, float(node.attr("alpha", 0.2))))
+
+
+@_unary("HardSwish")
+def _hard_swish(b, node, x, y, g):  # x / 3 + 1/2 on (-3, 3), 1 above, 0 below
+    local = b.add(b.scale(x, 1 / 3), b.scalar(0.5, x))
+    local = b.op("Where", b.op("Greater", x, b.scalar(3, x)), b.scalar(1, x), local)
+    return b.mul(g, b.op("Where", b.op("Less", x, b.scalar(-3, x)), b.scalar(0, x), local))
+
+
+@_unary("Softsign")
+def _softsign(b, node, x, y, g):
+    d = b.add(b.scalar(1, x), b.op("Abs", x))
+    return b.div(g, b.mul(d, d))
+
+
+@_unary("Sin")
+def _sin(b, node, x, y, g):
+    return b.mul(g, b.op("Cos", x))
+
+
+@_unary("Cos")
+def _cos(b, node, x, y, g):
+    return b.neg(b.mul(g, b.op("Sin", x)))
+
+
+@_unary("Swish")
+def _swish(b, node, x, y, g):  # s + alpha x s (1 - s) with s = sigmoid(alpha x)
+    alpha = float(node.attr("alpha", 1.0))
+    s = b.op("Sigmoid", b.scale(x, alpha))
+    return b.mul(g, b.add(s, b.mul(b.scale(y, alpha), b.sub(b.scalar(1, s), s))))
+
+
+@_unary("Mish")
+def _mish(b, node, x, y, g):  # t + x sigmoid(x) (1 - t^2) with t = tanh(softplus(x))
+    t = b.op("Tanh", b.op("Softplus", x))
+    return b.mul(g, b.add(t, b.mul(b.mul(x, b.op("Sigmoid", x)), b.sub(b.scalar(1, t), b.mul(t, t)))))
+
+
+@rule("Sign", "Floor", "Ceil", "Round")
+def _flat(b: GradBuilder, node: Node, dys: Grads, needs: list[bool]) -> Grads:
+    """Piecewise constant: no gradient (zeros, as PyTorch gives)."""
+    return [None]

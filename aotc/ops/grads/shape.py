@@ -160,3 +160,13 @@ def _gather(b: GradBuilder, node: Node, dys: Grads, needs: list[bool]) -> Grads:
     assert x is not None and idx is not None and g is not None
     axis = norm_axis(int(node.attr("axis", 0)), len(x.shape), node)
     return [b.op("aotc.GatherGrad", g, idx, shape=list(x.shape), axis=axis), None]
+
+
+@rule("Tile")
+def _tile(b: GradBuilder, node: Node, dys: Grads, needs: list[bool]) -> Grads:
+    """Each copy's cotangent summed: g as [r0, d0, r1, d1, ...], reduced over the r axes."""
+    x, g = node.inputs[0], dys[0]
+    assert x is not None and g is not None
+    reps = [int(r) for r in const_input(node, 1, "repeats").reshape(-1)]
+    split = b.reshape(g, [v for r, d in zip(reps, x.shape, strict=True) for v in (r, d)])
+    return [b.reshape(b.reduce_sum(split, list(range(0, 2 * len(reps), 2))), x.shape), None]
