@@ -445,9 +445,12 @@ def load(prefix: str | Path, threads: int | ThreadPool = 1) -> CompiledModel:
     """Load a compiled model from ``OUTDIR/NAME`` (the files NAME.json and libNAME.so). A library this
     machine cannot run (compiled for another architecture, or for instruction sets this CPU lacks) is
     refused before it is opened."""
+    from aotc.cuda_bindings import is_cuda_library, load_cuda
     from aotc.target import host_problem
 
     prefix = Path(prefix)
+    if is_cuda_library(prefix):  # --target cuda
+        return load_cuda(prefix, threads)  # type: ignore[return-value]
     try:
         meta = json.loads((prefix.parent / f"{prefix.name}.json").read_text())
         target = meta.get("target")

@@ -341,8 +341,9 @@ def cuda_target(arch: str | None = None, tf32: bool = False) -> Target:
     archs = tuple(a.strip() for a in (arch or ",".join(CUDA_ARCHS)).split(",") if a.strip())
     for a in archs:
         m = _SM.match(a)
-        if not m or int(m.group(1)) < 70:
-            raise AotcError(f"--cuda-arch: expected sm_70 or newer (sm_80, sm_90, ...), got {a!r}")
+        if not m or int(m.group(1)) < 75:
+            raise AotcError(f"--cuda-arch: expected sm_75 or newer (sm_80, sm_90, ...; CUDA 13 builds no older "
+                            f"GPUs), got {a!r}")
     if not archs:
         raise AotcError("--cuda-arch: no architecture given")
     if tf32 and min(int(_SM.match(a).group(1)) for a in archs) < 80:  # type: ignore[union-attr]

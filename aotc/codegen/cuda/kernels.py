@@ -8,12 +8,13 @@ import re
 from aotc.codegen.cuda.common import CudaKernel, Unsupported
 from aotc.codegen.cuda.gemm import emit_conv, emit_matmul
 from aotc.codegen.cuda.loops import emit_loop
-from aotc.codegen.cuda.rows import emit_layernorm, emit_pool, emit_softmax
+from aotc.codegen.cuda.rows import emit_global_pool, emit_layernorm, emit_pool, emit_softmax
 from aotc.ir.kernel import Kernel
 from aotc.resources import runtime_dir
 
 ROW_OPS = {"Softmax": emit_softmax, "LogSoftmax": emit_softmax, "LayerNormalization": emit_layernorm,
-           "MaxPool": emit_pool, "AveragePool": emit_pool}
+           "MaxPool": emit_pool, "AveragePool": emit_pool, "GlobalAveragePool": emit_global_pool,
+           "GlobalMaxPool": emit_global_pool}
 
 
 def device_functions() -> set[str]:

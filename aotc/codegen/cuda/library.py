@@ -45,7 +45,7 @@ def generate_cuda(graph: Graph, name: str, input_names: list[str], output_names:
         try:
             kernels.append((k, emit_cuda_kernel(k, f"{name}_{k.name}", target.tf32)))
         except Unsupported as e:
-            missing.setdefault(f"{'+'.join(dict.fromkeys(k.ops))} ({e})", []).append(k.root.name or k.name)
+            missing.setdefault(f"{'+'.join(dict.fromkeys(k.ops))}: {e}", []).append(k.root.name or k.name)
     if missing:
         parts = [f"{what} (nodes: {', '.join(nodes[:5])}{', ...' if len(nodes) > 5 else ''})"
                  for what, nodes in sorted(missing.items())]

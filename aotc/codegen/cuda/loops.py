@@ -162,7 +162,7 @@ def emit_loop(k: Kernel, fn: str) -> CudaKernel:
              f"  const unsigned lane = threadIdx.x % {group};",
              f"  if (w >= {items}) return; /* whole groups leave: no group waits for another */",
              *([f"  __shared__ {rtype} warps[{group // 32}];"] if group > 32 else []),
-             f"  const {idx} o = w / {chunks}, c = w % {chunks}; (void)c;",
+             f"  const {idx} o = w / {chunks}, c = w % {chunks}; (void)o; (void)c;",
              *("  " + s for s in kept_decl),
              f"  const {idx} rlo = c * {length}, rhi = " + (f"rlo + {length} < {n_red} ? rlo + {length} : {n_red};"
                                                           if n_red else "0; (void)rlo;"),

@@ -159,3 +159,28 @@ def emit_pool(k: Kernel, fn: str) -> CudaKernel:
              f"    out0[e] = {'acc' if mx else f'acc / {float(g.taps)}f' if count_pad else 'acc / (float)cnt'};",
              "  }", "}"]
     return CudaKernel(fn, "\n".join(lines) + "\n", args, str(min(ceil_div(total, THREADS), MAX_BLOCKS)))
+
+
+def emit_global_pool(k: Kernel, fn: str) -> CudaKernel:
+    """GlobalAveragePool and GlobalMaxPool: one warp per (n, c) plane."""
+    node = k.root
+    x = node.inputs[0]
+    if x.dtype != np.float32:
+        raise Unsupported(f"{node.op} on {x.dtype}")
+    args, names, _ = external(k)
+    idx = index_type(k)
+    plane = int(np.prod(x.shape[2:]))
+    rows = int(np.prod(x.shape[:2]))
+    mx = node.op == "GlobalMaxPool"
+    if plane == 0:
+        raise Unsupported(f"{node.op} of an empty plane")
+    step = (f"acc = {_nan_max('v', 'acc')};" if mx else "acc += v;")
+    combine = (f"{{ const float o = aotc_shfl_xor(acc, d); acc = {_nan_max('o', 'acc')}; }}" if mx
+               else "acc += aotc_shfl_xor(acc, d);")
+    lines = [_head(fn, args, names), *_row_start(rows, idx),
+             f"  float acc = {'-INFINITY' if mx else '0.0f'};",
+             f"  for ({idx} i = lane; i < {plane}; i += 32) {{ const float v = in0[row * {plane} + i]; {step} }}",
+             f"  for (int d = 16; d >= 1; d /= 2) {combine}",
+             f"  if (lane == 0) out0[row] = {'acc' if mx else f'acc / {float(plane)}f'};",
+             "}"]
+    return CudaKernel(fn, "\n".join(lines) + "\n", args, str(ceil_div(rows, WARPS)))
