@@ -4,15 +4,22 @@ kernels under the sanitizers."""
 
 from __future__ import annotations
 
+import subprocess
+
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from onnx import TensorProto, helper, numpy_helper
 from onnx_helpers import IR_VERSION, SANITIZE, run_generated_test_under_sanitizers
+from test_generated_c_warnings import COMPILERS, WARNINGS
 
 import aotc
+from aotc.build import BASE_CFLAGS
+from aotc.codegen.library import generate
 from aotc.frontends.onnx import import_onnx
+from aotc.passes.pipeline import run_passes
+from aotc.target import resolve
 from aotc.training.autodiff import NoGradientError, gradients
 
 
@@ -144,10 +151,8 @@ def test_refusals_and_values_the_loss_does_not_read() -> None:
     assert grads["u"].shape == (2, 2) and grads["u"].dtype == np.float32
 
 
-@pytest.mark.slow
-def test_backward_kernels_are_clean_under_sanitizers(tmp_path) -> None:
-    """The internal kernels (im2col and col2im, the pool, batch-norm, gather, strided-slice and loss
-    gradients) on one and two threads, checked by the generated test program against torch."""
+def _every_backward_kernel():
+    """The CNN plus a Gather, a strided Slice and two AveragePools on the loss: every internal kernel."""
     model, _ = _cnn()
     model.graph.node[-1].output[0] = "loss0"
     model.graph.node.extend([
@@ -155,20 +160,46 @@ def test_backward_kernels_are_clean_under_sanitizers(tmp_path) -> None:
         helper.make_node("Slice", ["g", "st", "en", "ax", "sp"], ["s"]),
         helper.make_node("AveragePool", ["x"], ["ap"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
         helper.make_node("ReduceSum", ["s"], ["ls"], keepdims=0),
-        helper.make_node("ReduceSum", ["ap"], ["la"], keepdims=0),
-        helper.make_node("Sum", ["loss0", "ls", "la"], ["loss"])])
+        helper.make_node("AveragePool", ["x"], ["ap2"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Mul", ["ap", "ap"], ["aq"]),
+        helper.make_node("ReduceSum", ["aq"], ["la"], keepdims=0),
+        helper.make_node("ReduceSum", ["ap2"], ["la2"], keepdims=0),
+        helper.make_node("Sum", ["loss0", "ls", "la", "la2"], ["loss"])])
     model.graph.initializer.extend(numpy_helper.from_array(np.array(v, np.int64), n) for n, v in
                                    (("idx", [3, 0, 3]), ("st", [-1]), ("en", [-100]), ("ax", [0]), ("sp", [-3])))
     arrays, t = _cnn_feeds(2)
-    graph = _with_gradients(model, list(arrays), "m")
+    return _with_gradients(model, list(arrays), "m"), arrays, t
+
+
+@pytest.mark.slow
+def test_backward_kernels_are_clean_under_sanitizers(tmp_path) -> None:
+    """The internal kernels (im2col and col2im, the pool, batch-norm, gather, strided-slice and loss
+    gradients) on one and two threads, checked by the generated test program against torch."""
+    graph, arrays, t = _every_backward_kernel()
     p = _torch(arrays)
     loss = (_cnn_loss(p, t) + p["w3"][:, [3, 0, 3]][[9, 6, 3, 0]].sum()
-            + F.avg_pool2d(p["x"], 3, 2, 1, count_include_pad=False).sum())
+            + (F.avg_pool2d(p["x"], 3, 2, 1, count_include_pad=False) ** 2).sum() + F.avg_pool2d(p["x"], 2).sum())
     loss.backward()
     expected = [np.array(loss.item(), np.float32), *(p[n].grad.numpy().astype(np.float32) for n in arrays)]
     feeds = {**arrays, "t": t}
     run_generated_test_under_sanitizers(graph, tmp_path, SANITIZE, test_data=([feeds[v.name] for v in graph.inputs],
                                                                               expected))
+
+
+@pytest.mark.skipif(not COMPILERS, reason="no C compiler")
+def test_backward_kernels_are_warning_free(tmp_path) -> None:
+    graph, _, _ = _every_backward_kernel()
+    tgt = resolve(None, None, None, None, None)
+    run_passes(graph, target=tgt)
+    lib = generate(graph, "m", [v.name for v in graph.inputs], [v.name for v in graph.outputs], "m", target=tgt)
+    for name, data in lib.files.items():
+        (tmp_path / name).write_bytes(data)
+    flags = [*BASE_CFLAGS, *tgt.flags, *WARNINGS]
+    for cc in COMPILERS:
+        for src in sorted(n for n in lib.files if n.endswith(".c")):
+            proc = subprocess.run([cc, *flags, "-c", src, "-o", "/dev/null"], capture_output=True, text=True,
+                                  cwd=tmp_path)
+            assert proc.returncode == 0, f"{cc} {src}:\n{proc.stderr[:3000]}"
 
 
 def test_float64_conv_keeps_its_node_and_its_rule(tmp_path) -> None:

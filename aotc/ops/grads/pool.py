@@ -33,18 +33,24 @@ def _infer(node: Node):
     return [(tuple(node.attrs["x_shape"]), node.inputs[-1].dtype)]
 
 
-def _window(g: Geometry) -> list[str]:
+def _overhangs(g: Geometry) -> bool:
+    """Whether some window reaches outside the input (into padding, or past the end under ceil_mode)."""
+    return any(g.pb[ax] or (g.out[ax] - 1) * g.s[ax] + (g.k[ax] - 1) * g.d[ax] >= g.inp[ax] for ax in range(3))
+
+
+def _window(g: Geometry, offset: bool = True) -> list[str]:
     """Loops over the taps (kd, kh, kw) of output (od, oh, ow) that fall inside the input, with ``i``
     the tap's offset in the input plane. Without padding and with every window inside the input (the
     usual 2x2 stride 2), there is nothing to check."""
-    checked = any(g.pb[ax] or (g.out[ax] - 1) * g.s[ax] + (g.k[ax] - 1) * g.d[ax] >= g.inp[ax] for ax in range(3))
+    checked = _overhangs(g)
     lines = []
     for ax, (o, k, p) in enumerate((("od", "kd", "id"), ("oh", "kh", "ih"), ("ow", "kw", "iw"))):
         ind = "  " * ax
         lines += [f"{ind}for (ptrdiff_t {k} = 0; {k} < {g.k[ax]}; {k}++) {{",
                   f"{ind}  const ptrdiff_t {p} = (ptrdiff_t){o} * {g.s[ax]} - {g.pb[ax]} + {k} * {g.d[ax]};",
                   *([f"{ind}  if ({p} < 0 || {p} >= {g.inp[ax]}) continue;"] if checked else [])]
-    lines.append(f"      const size_t i = ((size_t)id * {g.inp[1]} + (size_t)ih) * {g.inp[2]} + (size_t)iw;")
+    if offset:
+        lines.append(f"      const size_t i = ((size_t)id * {g.inp[1]} + (size_t)ih) * {g.inp[2]} + (size_t)iw;")
     return lines
 
 
@@ -80,8 +86,10 @@ def _emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
                 lines.append(f"  {{ size_t c = 0; for (ptrdiff_t k = 0; k < {g.k[ax]}; k++) c += "
                              f"(ptrdiff_t){o} * {g.s[ax]} - {g.pb[ax]} + k * {g.d[ax]} < {g.inp[ax] + g.pe[ax]}; "
                              "cnt *= c; }")
+        elif _overhangs(g):
+            lines += ["  size_t cnt = 0;", *_window(g, offset=False), "      cnt++;", close]
         else:
-            lines += ["  size_t cnt = 0;", *_window(g), "      cnt++;", close]
+            lines.append(f"  const size_t cnt = {g.taps};")
         lines += [f"  const {ctype} share = cnt ? gv / ({ctype})cnt : 0;", *_window(g), "      dx[i] += share;", close]
     return "\n".join([*lines, "}", "}"])
 
