@@ -268,16 +268,16 @@ def _emit_conv(k: Kernel, fn: str, target: Target) -> KernelSource:
     epi = _conv_epilogue(k, ptrs, node.outputs[0], out)
     if k.expand is not None:
         return _emit_expand_depthwise(k, fn, target, args, names, ptrs, epi)
-    op = OPS[node.op]
-    assert op.emit is not None and op.pack is not None
+    op, path = OPS[node.op], k.plan.conv_path
+    assert op.emit is not None and op.pack is not None and path is not None
     packed = None
-    arr = op.pack(node, target)  # weights packed at compile time into the kernel's layout
+    arr = op.pack(node, path, target)  # weights packed at compile time into the path's layout
     if arr is not None:
         args.append((Graph.constant(arr, f"{w.name}_packed"), "in"))
         names.append("in_packed")
         packed = "in_packed"
     bname = ptrs[id(b)] if b is not None else None
-    helpers, body = op.emit(node, ptrs[id(x)], ptrs[id(w)], bname, ptrs[id(out)], target, fn, epi, packed)
+    helpers, body = op.emit(node, path, ptrs[id(x)], ptrs[id(w)], bname, ptrs[id(out)], target, fn, epi, packed)
     return _function(fn, k, args, names, body, scratch=k.plan.scratch_bytes > 0, helpers=helpers)
 
 

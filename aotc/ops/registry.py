@@ -64,8 +64,8 @@ class OpDef:
     # Whether the op's kernel can compute its first input itself from ``producer`` (the node writing
     # that input, read by this op alone): an elementwise node, or the head of another kernel.
     can_take_prologue: Callable[[Node, Node, Target], bool] | None = None
-    # ``conv`` ops: the weights packed at compile time into the kernel's layout, or None.
-    pack: Callable[[Node, Target], np.ndarray | None] | None = None
+    # ``conv`` ops: the weights packed at compile time into the layout of the kernel's path, or None.
+    pack: Callable[[Node, str, Target], np.ndarray | None] | None = None
     # Reverse-mode rule (aotc/ops/grads/): (builder, node, output cotangents, inputs needing one) ->
     # one cotangent Value (or None) per input, built from ordinary nodes by the builder.
     grad: Callable[..., list[Value | None]] | None = None

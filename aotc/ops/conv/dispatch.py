@@ -60,12 +60,11 @@ def conv_path(node: Node, target: Target) -> str:
     return "rows" if rows_plan(g, target) is not None else "tiled"
 
 
-def conv_kernel(node: Node, x: str, w: str, b: str | None, y: str, target: Target, fn: str,
+def conv_kernel(node: Node, path: str, x: str, w: str, b: str | None, y: str, target: Target, fn: str,
                 epi: Epilogue | None = None, packed: str | None = None) -> tuple[str, str]:
-    """(helpers, body) of a Conv kernel; helpers are named after ``fn``. ``packed`` names
-    ``pack_conv_weights``'s output (tiled path)."""
+    """(helpers, body) of a Conv kernel on ``path`` (``conv_path``'s choice, kept in the kernel's plan);
+    helpers are named after ``fn``. ``packed`` names ``pack_weights``'s output."""
     g = geometry(node)
-    path = conv_path(node, target)
     if path == "winograd":
         assert packed is not None
         return winograd_conv(g, x, packed, y, target, epi, f"{fn}_wg", winograd_plan(g, target))
@@ -83,10 +82,9 @@ def conv_kernel(node: Node, x: str, w: str, b: str | None, y: str, target: Targe
     return "", generic_conv(g, x, w, b, y, dtypes.c_type(node.outputs[0].dtype), epi)
 
 
-def pack_weights(node: Node, target: Target) -> np.ndarray | None:
-    """Conv ``node``'s weights (and bias) packed at compile time into its path's layout, or None for
-    the paths that read them as they are (depthwise, generic)."""
-    path = conv_path(node, target)
+def pack_weights(node: Node, path: str, target: Target) -> np.ndarray | None:
+    """Conv ``node``'s weights (and bias) packed at compile time into the layout of ``path``, or None
+    for the paths that read them as they are (depthwise, generic)."""
     if path not in ("tiled", "rows", "winograd"):
         return None
     g = geometry(node)
