@@ -68,6 +68,19 @@ def test_saved_model_variables_to_feed_are_updated_in_place(fx, tmp_path):
             np.testing.assert_allclose(state[k], data[f"{k}_{i}"], rtol=1e-5, atol=1e-6, err_msg=k)
 
 
+def test_a_gradient_tape_training_step_matches_tensorflow(fx, tmp_path):
+    """tf.GradientTape through the sparse and dense softmax cross-entropy ops (their gradient is their
+    second output) and assign_sub: three steps as TensorFlow takes them."""
+    data = np.load(fx / "train.npz")
+    model = aotc.load(compile_model(fx / "train_saved_model", tmp_path, "step", variables_to_feed=["all"]).prefix)
+    w, b = data["init_w"].copy(), data["init_b"].copy()
+    for i in range(3):
+        (loss,) = model.run({"x": data[f"x_{i}"], "y": data[f"y_{i}"], "w": w, "b": b})
+        np.testing.assert_allclose(loss, data[f"loss_{i}"], rtol=1e-5)
+    np.testing.assert_allclose(w, data["w"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(b, data["b"], rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize(("entry", "error"), [
     ('variable { node_name: "nope" }', r"config variable 'nope' \(line 6\): no node of that name in the graph"),
     ('variable { node_name: "y" }', r"config variable 'y' \(line 6\): Identity node 'y' is not a variable "

@@ -11,6 +11,9 @@ TensorFlow; ``small_fixtures_dir`` caches the result under a directory keyed by 
   after each run.
 - ``module_saved_model/``: a tf.Module whose tf.function signature ``step`` assigns, adds to and
   subtracts from its variables; ``module.npz`` the same for two calls of the reloaded signature.
+- ``train_saved_model/``: a softmax regression's training step (GradientTape through sparse and dense
+  softmax cross-entropy, then assign_sub), and ``train.npz`` its loss over three calls and the
+  variables after them.
 - ``dilated.pb``: tf.nn.convolution and tf.nn.depthwise_conv2d with dilation rates, SAME and VALID,
   which TensorFlow writes as SpaceToBatchND -> Conv2D (or DepthwiseConv2dNative) -> BatchToSpaceND;
   ``dilated.npz`` the input ``x`` and the outputs ``y_<name>``.
@@ -118,6 +121,43 @@ def _module(out: Path) -> None:
     np.savez(out / "module.npz", **arrays)
 
 
+def _train(out: Path) -> None:
+    import numpy as np
+    import tensorflow as tf
+
+    rng = np.random.default_rng(3)
+
+    class Step(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = tf.Variable(rng.standard_normal((6, 4)).astype(np.float32) * 0.1, name="w")
+            self.b = tf.Variable(np.zeros(4, np.float32), name="b")
+
+        @tf.function(input_signature=[tf.TensorSpec([5, 6], tf.float32), tf.TensorSpec([5], tf.int64)])
+        def step(self, x, y):
+            with tf.GradientTape() as tape:
+                logits = tf.matmul(x, self.w) + self.b
+                sparse = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits)
+                dense = tf.nn.softmax_cross_entropy_with_logits(labels=tf.one_hot(y, 4), logits=logits * 0.5)
+                loss = tf.reduce_mean(sparse) + 0.1 * tf.reduce_mean(dense)
+            gw, gb = tape.gradient(loss, [self.w, self.b])
+            self.w.assign_sub(0.5 * gw)
+            self.b.assign_sub(0.5 * gb)
+            return {"loss": loss}
+
+    m = Step()
+    tf.saved_model.save(m, str(out / "train_saved_model"), signatures={"serving_default": m.step})
+    loaded = tf.saved_model.load(str(out / "train_saved_model"))
+    arrays = {"init_w": loaded.w.numpy(), "init_b": loaded.b.numpy()}
+    for i in range(3):
+        arrays[f"x_{i}"] = rng.standard_normal((5, 6)).astype(np.float32)
+        arrays[f"y_{i}"] = rng.integers(0, 4, 5)
+        res = loaded.signatures["serving_default"](x=tf.constant(arrays[f"x_{i}"]), y=tf.constant(arrays[f"y_{i}"]))
+        arrays[f"loss_{i}"] = res["loss"].numpy()
+    arrays.update(w=loaded.w.numpy(), b=loaded.b.numpy())
+    np.savez(out / "train.npz", **arrays)
+
+
 def _dilated(out: Path) -> None:
     import numpy as np
     import tensorflow as tf
@@ -151,4 +191,5 @@ if __name__ == "__main__":
     tf.config.threading.set_inter_op_parallelism_threads(1)
     _graph(Path(sys.argv[1]))
     _module(Path(sys.argv[1]))
+    _train(Path(sys.argv[1]))
     _dilated(Path(sys.argv[1]))

@@ -26,6 +26,8 @@ _FUSED_BN = ("y", "batch_mean", "batch_variance", "reserve_space_1", "reserve_sp
 OUTPUT_ARGS: dict[str, tuple[str, ...]] = {
     "FusedBatchNorm": _FUSED_BN[:5], "FusedBatchNormV2": _FUSED_BN[:5], "FusedBatchNormV3": _FUSED_BN,
     "TopKV2": ("values", "indices"), "TopK": ("values", "indices"), "Unique": ("y", "idx"),
+    "SparseSoftmaxCrossEntropyWithLogits": ("loss", "backprop"), "SoftmaxCrossEntropyWithLogits": ("loss", "backprop"),
+    "BroadcastGradientArgs": ("r0", "r1"),
 }
 
 

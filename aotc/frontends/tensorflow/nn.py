@@ -317,3 +317,27 @@ def resize(ctx: Ctx) -> Value:
     extra = {"nearest_mode": "floor" if mode == "asymmetric" else "round_prefer_ceil"} if nearest else {}
     return ctx.emit("Resize", [x, None, None, sizes], mode="nearest" if nearest else "linear",
                     coordinate_transformation_mode=mode, **extra)
+
+
+@tf_op("SparseSoftmaxCrossEntropyWithLogits", "SoftmaxCrossEntropyWithLogits")
+def softmax_cross_entropy(ctx: Ctx) -> list[Value]:
+    """TF's fused loss of a training step: per row, -sum(labels * log_softmax(logits)), and its
+    gradient softmax(logits) - labels (output 1, which GradientTape's graph reads). Sparse labels are
+    class indices, made one-hot by comparing with 0..classes-1: an index out of range gives a zero
+    row (TensorFlow's CPU kernel refuses one)."""
+    logits, labels = ctx.x(0), ctx.x(1)
+    if len(logits.shape) != 2:
+        raise ctx.error(f"logits of rank {len(logits.shape)}, expected 2 (batch, classes)")
+    classes = logits.shape[1]
+    if ctx.op_type.startswith("Sparse"):
+        if labels.shape != logits.shape[:1]:
+            raise ctx.error(f"labels of shape {list(labels.shape)} for logits of shape {list(logits.shape)}")
+        hit = ctx.emit("Equal", [ctx.reshape(labels, [labels.shape[0], 1]),
+                                 ctx.const(np.arange(classes, dtype=labels.dtype))])
+        labels = ctx.emit("Cast", [hit], to=dtypes.onnx_type(logits.dtype))
+    elif labels.shape != logits.shape:
+        raise ctx.error(f"labels of shape {list(labels.shape)} for logits of shape {list(logits.shape)}")
+    log_p = ctx.emit("LogSoftmax", [logits], axis=-1)
+    loss = ctx.emit("Neg", [ctx.emit("ReduceSum", [ctx.emit("Mul", [labels, log_p]), ctx.const(np.array([1]))],
+                                     keepdims=0)])
+    return [loss, ctx.emit("Sub", [ctx.emit("Exp", [log_p]), labels])]
