@@ -5,6 +5,7 @@ from aotc.ops import (  # noqa: F401
     conv,
     dynamic,
     elementwise,
+    grads,
     index,
     integer,
     linalg,

@@ -1,6 +1,15 @@
 """Gradient rules, one module per op family; importing this package attaches them to the op table
 (``OpDef.grad``) and registers the internal ops some of them build (domain ``aotc.``)."""
 
+# The families' op modules first (aotc.ops imports this package among them): rules attach to their OpDefs.
+import aotc.ops.conv
+import aotc.ops.elementwise
+import aotc.ops.index
+import aotc.ops.linalg
+import aotc.ops.nn
+import aotc.ops.norm
+import aotc.ops.reduce
+import aotc.ops.shape  # noqa: F401
 from aotc.ops.grads import (  # noqa: F401
     conv,
     elementwise,
