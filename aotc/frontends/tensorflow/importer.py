@@ -149,7 +149,7 @@ def translate(gd: Any, shapes: dict[str, tuple[int, ...]] | None, name: str, fee
         if key not in nodes:
             raise AotcError(f"shape given for unknown input {key!r}")
 
-    assigns = _assignments(nodes, [k for k, _ in fetches], feeds)
+    assigns = assignments(nodes, [k for k, _ in fetches], feeds)
     order, used_feeds = _needed(nodes, [k for k, _ in fetches] + [(a, 0) for a in assigns], feeds)
     order = _with_control_order(order, nodes)
     var_feeds = [k for k in feeds if nodes[k[0]].op in VARIABLE_OPS and k[1] == 0]
@@ -273,7 +273,7 @@ def _needed(nodes: dict[str, Any], fetches: list[TensorKey],
     return order, used
 
 
-def _assignments(nodes: dict[str, Any], fetches: list[TensorKey], feeds: dict[TensorKey, Any]) -> list[str]:
+def assignments(nodes: dict[str, Any], fetches: list[TensorKey], feeds: dict[TensorKey, Any]) -> list[str]:
     """The variable updates a fetch depends on, through data or control edges (a function's stateful
     ops are its call's control inputs, see inline.py), in the graph's order."""
     seen: set[str] = set()

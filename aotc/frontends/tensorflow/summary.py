@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from aotc.frontends.tensorflow.context import TF_OPS
-from aotc.frontends.tensorflow.importer import FRONTEND_OPS, UPDATE_OPS, default_outputs, tensor_key, tensor_name
+from aotc.frontends.tensorflow.importer import FRONTEND_OPS, assignments, default_outputs, tensor_key, tensor_name
 from aotc.frontends.tensorflow.inline import inline_functions
 from aotc.frontends.tensorflow.proto import load_graphdef
 from aotc.frontends.tensorflow.savedmodel import (
@@ -43,8 +43,7 @@ def _ops(nodes: Any) -> dict[str, tuple[int, bool]]:
     ops: dict[str, tuple[int, bool]] = {}
     for n in nodes:
         count, _ = ops.get(n.op, (0, False))
-        # A variable update is dropped where nothing fetched depends on it (refused where something does).
-        ops[n.op] = (count + 1, n.op in TF_OPS or n.op in FRONTEND_OPS or n.op in UPDATE_OPS)
+        ops[n.op] = (count + 1, n.op in TF_OPS or n.op in FRONTEND_OPS)
     return ops
 
 
@@ -72,7 +71,8 @@ def _summarize_saved_model(path: Path) -> GraphSummary:
     inputs = [(key, _type_text(nodes[t[0]]) if nodes.get(t[0]) is not None and "dtype" in nodes[t[0]].attr
                else "?") for key, t in sig.inputs]
     fed = {t for _, t in sig.inputs}
-    needed, stack = set(), [t[0] for _, t in sig.outputs if t not in fed]
+    fetched = [t for _, t in sig.outputs if t not in fed]  # and the variable updates they depend on
+    needed, stack = set(), [t[0] for t in fetched] + assignments(nodes, fetched, dict.fromkeys(fed))
     while stack:
         name = stack.pop()
         if name in needed or name not in nodes:
