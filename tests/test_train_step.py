@@ -17,6 +17,7 @@ from onnx_helpers import SANITIZE, run_c_program_under_sanitizers
 from train_models import EXAMPLE, batches, digits, held_out_accuracy, make_data, mlp, mlp_params, small_cnn
 
 import aotc
+from aotc.training.dropout import dropout_factors, node_key
 
 
 @pytest.fixture(scope="module")
@@ -111,6 +112,34 @@ def test_loss_in_the_graph_and_mse(tmp_path, data) -> None:
         opt.step()
         assert loss == pytest.approx(want.item(), rel=1e-5)
     np.testing.assert_allclose(m.state["w2"], tp["w2"].detach().numpy(), atol=1e-5)
+
+
+def test_dropout_draws_a_new_mask_every_step(tmp_path, data) -> None:
+    """Training-mode Dropout: factors from the counter-based generator keyed by the step (its numpy twin
+    aotc.training.dropout.dropout_factors), so PyTorch with the same masks gives the same losses and
+    parameters; NAME_run leaves Dropout out."""
+    x, y = data
+    params = mlp_params(seed=3)
+    m = aotc.compile(mlp(params, dropout=0.3), tmp_path, name="dr", train=aotc.Train("softmax_ce:labels", "sgd:lr=0.3"))
+    assert "ratio" not in m.state
+    tp = {k: torch.tensor(v, requires_grad=True) for k, v in params.items()}
+    opt = torch.optim.SGD(list(tp.values()), lr=0.3)
+    kept = []
+    for step, (xb, yb) in enumerate(batches(x, y, 5)):
+        f = dropout_factors(step, node_key(5, 0), 0.3, (100, 32), np.float32)
+        kept.append(f > 0)
+        loss = m.train_step({"x": xb, "labels": yb})
+        opt.zero_grad()
+        h = torch.relu(torch.tensor(xb) @ tp["w1"] + tp["b1"]) * torch.tensor(f)
+        want = torch.nn.functional.cross_entropy(h @ tp["w2"] + tp["b2"], torch.tensor(yb))
+        want.backward()
+        opt.step()
+        assert loss == pytest.approx(want.item(), rel=1e-5)
+    assert all(0.6 < k.mean() < 0.8 for k in kept) and not (kept[0] == kept[1]).all()
+    for k, v in tp.items():
+        np.testing.assert_allclose(m.state[k], v.detach().numpy(), atol=1e-5)
+    logits = torch.relu(torch.tensor(x[:100]) @ tp["w1"] + tp["b1"]) @ tp["w2"] + tp["b2"]
+    np.testing.assert_allclose(m.run({"x": x[:100]})[0], logits.detach().numpy(), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.slow

@@ -56,12 +56,17 @@ def mlp_params(seed: int = 1, hidden: int = 32) -> dict[str, np.ndarray]:
             "b2": (rng.standard_normal(10) * 0.1).astype(np.float32)}
 
 
-def mlp(params: dict[str, np.ndarray], batch: int = BATCH, loss_node: bool = False) -> onnx.ModelProto:
-    """x @ w1 + b1 -> Relu -> @ w2 + b2 = logits; ``loss_node``: the graph also computes its mean
-    SoftmaxCrossEntropyLoss against an int64 input ``labels`` as output ``loss``."""
+def mlp(params: dict[str, np.ndarray], batch: int = BATCH, loss_node: bool = False,
+        dropout: float | None = None) -> onnx.ModelProto:
+    """x @ w1 + b1 -> Relu [-> Dropout(ratio dropout)] -> @ w2 + b2 = logits; ``loss_node``: the graph also
+    computes its mean SoftmaxCrossEntropyLoss against an int64 input ``labels`` as output ``loss``."""
     n = helper.make_node
     nodes = [n("MatMul", ["x", "w1"], ["h0"]), n("Add", ["h0", "b1"], ["h1"]), n("Relu", ["h1"], ["h"]),
              n("MatMul", ["h", "w2"], ["o0"]), n("Add", ["o0", "b2"], ["logits"])]
+    if dropout is not None:
+        params = {**params, "ratio": np.array(dropout, np.float32)}
+        nodes.insert(3, n("Dropout", ["h", "ratio"], ["hd"], seed=5))
+        nodes[4].input[0] = "hd"
     if not loss_node:
         return _model(nodes, params, batch)
     nodes.append(n("SoftmaxCrossEntropyLoss", ["logits", "labels"], ["loss"]))

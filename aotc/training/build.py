@@ -5,7 +5,8 @@ live in the state buffer (aotc.training.state), as do BatchNorm's running statis
 moments and the step counter. The inference graph reads them; the training graph appends the loss,
 the gradients (aotc.training.autodiff) and the optimizer's update, and writes every new value back into
 the state in place (``Graph.add_update``). Training-mode semantics: BatchNorm normalises with the
-batch's statistics and updates its running ones.
+batch's statistics and updates its running ones; Dropout draws a new mask every step
+(aotc.training.dropout).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from aotc.ops.grads.builder import GradBuilder
 from aotc.ops.registry import OPS
 from aotc.passes.propagate import propagate
 from aotc.training.autodiff import gradients
+from aotc.training.dropout import dropout_inference, dropout_training
 from aotc.training.optimizers import apply_optimizer
 from aotc.training.spec import Loss, Train
 from aotc.training.state import StateLayout
@@ -79,17 +81,21 @@ def build_training(graph: Graph, spec: Train, initializers: set[str]) -> Trainin
     tmap = {id(a): b for a, b in zip(graph.inputs, train.inputs, strict=True)}
     toffset = {id(tmap[id(x)]): o for x in graph.inputs if (o := offset.get(id(x))) is not None}
 
+    make_state = _state_input(train, layout, toffset)
+    step = make_state("step", "step", (), np.dtype(np.int64))
     loss = _append_loss(train, loss_spec)
     if loss_spec.kind != "tensor" and "loss" not in {v.name for v in train.values()}:
         loss.name = "loss"
     _batchnorm_training(train, toffset)
+    dropout_training(train, step)
     tparams = [tmap[id(p)] for p in param_inputs]
     grads = gradients(train, loss, tparams, prefix="grad")
-    apply_optimizer(GradBuilder(train, "train"), optimizer, tparams, grads, _state_input(train, layout, toffset))
+    apply_optimizer(GradBuilder(train, "train"), optimizer, tparams, grads, make_state, step)
     train.outputs = [loss] + train.outputs[len(train.outputs) - len(train.updates):]
     _drop_unused_inputs(train, keep={id(x) for x in train.updates})
 
     _batchnorm_inference(graph)
+    dropout_inference(graph)
     graph.outputs = [v for v in graph.outputs if v.name != loss_spec.tensor or loss_spec.kind != "tensor"]
     if not graph.outputs:
         raise AotcError(f"the model has no output besides the loss {loss_spec.tensor!r}: nothing for "

@@ -21,11 +21,10 @@ MakeState = Callable[[str, str, tuple[int, ...], np.dtype], Value]
 
 
 def apply_optimizer(b: GradBuilder, opt: Optimizer, params: list[Value], grads: dict[str, Value],
-                    state: MakeState) -> None:
-    """Append ``opt``'s update of every parameter to ``b``'s graph, as in-place updates of the state.
-    Every optimizer counts steps (the state's ``step``, an int64), which Adam's bias correction reads."""
+                    state: MakeState, step: Value) -> None:
+    """Append ``opt``'s update of every parameter to ``b``'s graph, as in-place updates of the state, and
+    count the step (``step``, the state's int64 counter, which Adam's bias correction and Dropout read)."""
     g = b.graph
-    step = state("step", "step", (), np.dtype(np.int64))
     t = b.op("Add", step, b.const(np.int64(1)))
     g.add_update(step, t)
     if opt.kind == "adam":  # the bias corrections: scalars computed once per step, not per element
