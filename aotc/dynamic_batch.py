@@ -42,6 +42,19 @@ class Taint:
 
     __hash__ = None  # type: ignore[assignment]
 
+@dataclass(frozen=True)
+class Iota:
+    """Integers ``i * stride + r`` for sample index ``i`` along ``axis`` and an ``r`` in ``lo..hi`` that
+    does not depend on the batch: the indices a Range over the batch size makes (transformers builds
+    its attention masks by gathering ``mask.flatten()[i * seq + j]``). Only a Gather from a flattened
+    batch tensor whose sample blocks are ``stride`` long may read them."""
+
+    axis: int
+    stride: int
+    lo: int
+    hi: int
+
+
 ELEMENTWISE = frozenset("""
 Abs Acos Acosh Add And Asin Asinh Atan Atanh BitShift BitwiseAnd BitwiseNot BitwiseOr BitwiseXor Cast
 CastLike Ceil Celu Clip Cos Cosh DequantizeLinear Div Elu Equal Erf Exp Floor Gelu Greater GreaterOrEqual
@@ -64,13 +77,14 @@ SHAPE_MOVES = frozenset("Gather Slice Concat Unsqueeze Squeeze Reshape Flatten".
 
 
 class _Walk:
-    def __init__(self, model: onnx.ModelProto, shapes: dict[str, tuple[int, ...] | None], size: int,
-                 opset: int) -> None:
+    def __init__(self, model: onnx.ModelProto, shapes: dict[str, tuple[int, ...] | None],
+                 folded: dict[str, np.ndarray], size: int, opset: int) -> None:
         self.shapes = shapes
         self.size = size
         self.opset = opset
-        self.state: dict[str, Batch | Taint | None] = {}
-        self.consts: dict[str, np.ndarray] = {}
+        self.state: dict[str, Batch | Taint | Iota | None] = {}
+        # Values known at compile time; read only where the batch analysis proved them independent of it.
+        self.consts: dict[str, np.ndarray] = dict(folded)
         for t in model.graph.initializer:
             self.consts[t.name] = numpy_helper.to_array(t)
             self.state[t.name] = None
@@ -109,8 +123,10 @@ class _Walk:
             outs: list = [None] * len(node.output)
         elif node.domain not in ("", "ai.onnx"):
             raise self.refuse(node, "is outside the ONNX domain, which the batch analysis does not know")
-        elif any(isinstance(i, Taint) for i in ins):
+        elif any(isinstance(i, Taint) for i in ins) and not any(isinstance(i, Iota) for i in ins):
             outs = self.tainted(node, ins)
+        elif any(isinstance(i, Iota) for i in ins):
+            outs = self.iota(node, ins)
         else:
             outs = self.batched(node, ins)
         for name, out in zip(node.output, outs, strict=False):
@@ -121,8 +137,18 @@ class _Walk:
         """Index arithmetic on values computed from the batch size; they may only end as the target
         of a Reshape or Expand, whose result the shape rules check."""
         op = node.op_type
+        if op in ("Shape", "Size") and isinstance(ins[0], Taint):  # a shape vector's length is fixed
+            return [None]
         if op in ("Reshape", "Expand") and isinstance(ins[0], Batch) and not isinstance(ins[1], Batch):
             return self.batched(node, [ins[0], None])
+        if op == "Expand" and ins[0] is None and isinstance(ins[1], Taint):
+            return [self.broadcast(node, ins[1])]
+        if op == "ConstantOfShape":
+            return [self.broadcast(node, ins[0])]
+        if op == "Range" and ins[0] is None and ins[2] is None and isinstance(ins[1], Taint):
+            start, delta = self.const(node, 0), self.const(node, 2)
+            if int(start) == 0 and int(delta) == 1 and self.shape(node, node.output[0]) == (self.size,):
+                return [Iota(0, 1, 0, 0)]
         if any(isinstance(i, Batch) for i in ins) or op not in SHAPE_ELEMENTWISE | SHAPE_MOVES:
             raise self.refuse(node, "uses the batch size as data (a Shape or Size of a batch tensor)")
         out = self.shapes.get(node.output[0])
@@ -149,6 +175,57 @@ class _Walk:
         except (ValueError, IndexError, TypeError, AotcError, np.exceptions.AxisError):
             mask = np.ones(out or (), bool)  # not followed element by element: all of it depends
         return [Taint(mask)] * len(node.output)
+
+    def iota(self, node: onnx.NodeProto, ins: list) -> list:
+        """Sample indices moved, scaled and offset on their way to a Gather (see ``Iota``)."""
+        op = node.op_type
+        it = ins[0]
+        rest = ins[1:]
+        if isinstance(it, Iota) and op in ("Shape", "Size"):
+            return getattr(self, f"op_{op}")(node, [Batch(it.axis)])
+        if isinstance(it, Iota) and op in ("Cast", "Identity"):
+            return [it]
+        if isinstance(it, Iota) and op in ("Unsqueeze", "Squeeze", "Reshape", "Flatten", "Expand") and \
+                not any(isinstance(i, (Batch, Iota)) for i in rest):
+            moved = self.expand(node, Batch(it.axis))[0] if op == "Expand" else self.regroup(node, Batch(it.axis))
+            if moved.factor == 1:
+                return [Iota(moved.axis, it.stride, it.lo, it.hi)]
+        if op in ("Mul", "Add") and len(ins) == 2 and sum(isinstance(i, Iota) for i in ins) == 1 and None in ins:
+            k = 0 if isinstance(ins[0], Iota) else 1
+            it, other = ins[k], node.input[1 - k]
+            c = self.consts.get(other)
+            out = self.shape(node, node.output[0])
+            axis = len(out) - len(self.shape(node, node.input[k])) + it.axis
+            if c is not None and c.size:
+                j = axis - (len(out) - c.ndim)
+                if not (0 <= j < c.ndim and c.shape[j] != 1):
+                    lo, hi = int(c.min()), int(c.max())
+                    if op == "Add":
+                        return [Iota(axis, it.stride, it.lo + lo, it.hi + hi)]
+                    if c.ndim == 0 or c.size == 1:
+                        f = int(c.reshape(-1)[0])
+                        return [Iota(axis, it.stride * f, min(it.lo * f, it.hi * f), max(it.lo * f, it.hi * f))]
+        if op == "Gather" and ins[0] is not None and isinstance(ins[1], Iota):
+            return self.op_Gather(node, ins)
+        raise self.refuse(node, "uses sample indices (a Range over the batch size) other than to gather "
+                                "each sample's own elements")
+
+    def broadcast(self, node: onnx.NodeProto, shape: Taint) -> Batch:
+        """A tensor that does not depend on the batch, given a batch-sized axis by an Expand or
+        ConstantOfShape whose shape holds the batch size: every sample gets the same data."""
+        out = self.shape(node, node.output[0])
+        where = np.flatnonzero(shape.mask.reshape(-1))
+        if shape.mask.ndim != 1 or len(where) != 1:
+            raise self.refuse(node, "makes a shape from the batch size in more than one place")
+        axis = len(out) - shape.mask.shape[0] + int(where[0])
+        if node.op_type == "Expand":
+            src = self.shape(node, node.input[0])
+            j = axis - (len(out) - len(src))
+            if 0 <= j < len(src) and src[j] != 1:
+                raise self.refuse(node, "expands a batch-sized axis")
+        if out[axis] != self.size:
+            raise self.refuse(node, "makes a shape from the batch size by arithmetic")
+        return Batch(axis)
 
     def expand(self, node: onnx.NodeProto, b: Batch | None) -> list:
         out = self.shape(node, node.output[0])
@@ -327,6 +404,10 @@ class _Walk:
             return [Batch(data.axis if data.axis < axis else data.axis + k - 1, data.factor)]
         if data is None and isinstance(idx, Batch) and idx.factor == 1:  # an embedding lookup
             return [Batch(axis + idx.axis)]
+        if isinstance(data, Batch) and isinstance(idx, Iota) and data.axis == axis == 0 and \
+                idx.stride == data.factor and 0 <= idx.lo and idx.hi < data.factor:
+            # flat[i * f + r] with r < f: sample i's own element
+            return [Batch(idx.axis)]
         raise self.refuse(node, "gathers along the batch axis")
 
     def op_Slice(self, node: onnx.NodeProto, ins: list) -> list:
@@ -428,9 +509,15 @@ def pinned(model: onnx.ModelProto, inputs: dict[str, int], size: int,
     return m
 
 
-def _inferred_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...] | None]:
+def _inferred_shapes(model: onnx.ModelProto) -> tuple[dict[str, tuple[int, ...] | None], dict[str, np.ndarray]]:
+    """Every tensor's shape in the pinned model, from aotc's own inference (which folds the shape
+    arithmetic exporters write, such as PyTorch's Expand targets), else from ONNX's; and the values
+    aotc's constant folding computed."""
+    from aotc.frontends.onnx import import_onnx
+    from aotc.passes.propagate import propagate
+
     try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
     except Exception as e:  # onnx raises its own InferenceError and others
         raise AotcError(f"--dynamic: ONNX's shape inference fails on the model with the dimension pinned ({e})"
                         ) from None
@@ -444,7 +531,16 @@ def _inferred_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...] | None
             shapes[vi.name] = None
     for init in model.graph.initializer:
         shapes[init.name] = tuple(init.dims)
-    return shapes
+    graph = import_onnx(model, {}, "probe")
+    values = {v.name: v for n in graph.nodes for v in n.outputs if v is not None}
+    propagate(graph)
+    folded = {}
+    for name, v in values.items():
+        if v.shape is not None:
+            shapes[name] = tuple(int(d) for d in v.shape)
+        if v.is_const:
+            folded[name] = v.const
+    return shapes, folded
 
 
 def batch_axes(model: onnx.ModelProto, inputs: dict[str, int],
@@ -460,7 +556,7 @@ def batch_axes(model: onnx.ModelProto, inputs: dict[str, int],
     found: list[dict[str, Batch | Taint | None]] = []
     for size in PROBE_SIZES:
         m = pinned(model, inputs, size, shapes)
-        walk = _Walk(m, _inferred_shapes(m), size, opset)
+        walk = _Walk(m, *_inferred_shapes(m), size=size, opset=opset)
         for vi in m.graph.input:
             if vi.name not in walk.state:
                 walk.state[vi.name] = Batch(inputs[vi.name]) if vi.name in inputs else None

@@ -3,6 +3,7 @@ proof that a dimension is a batch (aotc/dynamic_batch.py), and the Python bindin
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -56,13 +57,36 @@ def small_cnn() -> onnx.ModelProto:
     return make(nodes, [vi("img", ["N", 3, 8, 8])], [vi("logits", ["N", 7])], inits)
 
 
+def gathered_mask(seq: int) -> list[onnx.NodeProto]:
+    """mask[b, j] read as mask.flatten()[b * seq + j] with b from a Range over the batch size, as
+    transformers' masking utilities export it: 'mask' -> 'mg' [B, 1, 1, seq]."""
+    return [
+        helper.make_node("Reshape", ["mask", "flat_shape"], ["mflat"]),
+        helper.make_node("Shape", ["mask"], ["ms"]),
+        helper.make_node("Gather", ["ms", "zero"], ["nb"], axis=0),
+        helper.make_node("Range", ["zero", "nb", "one_i"], ["b"]),
+        helper.make_node("Unsqueeze", ["b", "axes123"], ["b4"]),
+        helper.make_node("Mul", ["b4", "seq_i"], ["bs"]),
+        helper.make_node("Add", ["bs", "kv"], ["idx"]),
+        helper.make_node("Gather", ["mflat", "idx"], ["g"], axis=0),
+        helper.make_node("Squeeze", ["g", "last"], ["mg"]),
+    ]
+
+
 def attention_block(seq: int = 6, hidden: int = 8, heads: int = 2, causal: bool = False) -> onnx.ModelProto:
     """A BERT-like layer (or GPT-2-like with ``causal``): token embeddings, one attention with the
-    padding mask input, a residual and LayerNorm; head reshapes with 0 and Shape-computed targets."""
+    padding mask input, a residual and LayerNorm; head reshapes with 0 and Shape-computed targets.
+    The GPT-2-like one reads its mask through ``gathered_mask`` and gives positions to an Expand."""
     hd = hidden // heads
-    nodes = [
-        helper.make_node("Gather", ["emb", "ids"], ["h"]),
-        helper.make_node("Add", ["h", "pos"], ["h0"]),
+    nodes = [helper.make_node("Gather", ["emb", "ids"], ["h"])]
+    if causal:  # positions expanded to [B, seq, hidden] by a shape holding the batch size
+        nodes += [helper.make_node("Shape", ["ids"], ["ids_b"], end=1),
+                  helper.make_node("Concat", ["ids_b", "seq_hidden"], ["pos_shape"], axis=0),
+                  helper.make_node("Expand", ["pos1", "pos_shape"], ["pos_e"]),
+                  helper.make_node("Add", ["h", "pos_e"], ["h0"])]
+    else:
+        nodes.append(helper.make_node("Add", ["h", "pos"], ["h0"]))
+    nodes += [
         helper.make_node("MatMul", ["h0", "wq"], ["q"]), helper.make_node("MatMul", ["h0", "wk"], ["k"]),
         helper.make_node("MatMul", ["h0", "wv"], ["v"]),
         helper.make_node("Reshape", ["q", "heads_shape"], ["q4"]),
@@ -73,12 +97,16 @@ def attention_block(seq: int = 6, hidden: int = 8, heads: int = 2, causal: bool 
         helper.make_node("Transpose", ["v4"], ["vt"], perm=[0, 2, 1, 3]),
         helper.make_node("MatMul", ["qt", "kt"], ["s"]),
         helper.make_node("Mul", ["s", "scale"], ["ss"]),
-        helper.make_node("Cast", ["mask"], ["mf"], to=TensorProto.FLOAT),
-        helper.make_node("Sub", ["one", "mf"], ["inv"]),
-        helper.make_node("Mul", ["inv", "neg"], ["bias"]),
-        helper.make_node("Unsqueeze", ["bias", "axes12"], ["bias4"]),
-        helper.make_node("Add", ["ss", "bias4"], ["sm"]),
     ]
+    if causal:
+        nodes += [*gathered_mask(seq), helper.make_node("Cast", ["mg"], ["mf"], to=TensorProto.FLOAT),
+                  helper.make_node("Sub", ["one", "mf"], ["inv"]), helper.make_node("Mul", ["inv", "neg"], ["bias4"])]
+    else:
+        nodes += [helper.make_node("Cast", ["mask"], ["mf"], to=TensorProto.FLOAT),
+                  helper.make_node("Sub", ["one", "mf"], ["inv"]),
+                  helper.make_node("Mul", ["inv", "neg"], ["bias"]),
+                  helper.make_node("Unsqueeze", ["bias", "axes12"], ["bias4"])]
+    nodes.append(helper.make_node("Add", ["ss", "bias4"], ["sm"]))
     if causal:
         nodes.append(helper.make_node("Add", ["sm", "causal"], ["sc"]))
     nodes += [
@@ -98,7 +126,11 @@ def attention_block(seq: int = 6, hidden: int = 8, heads: int = 2, causal: bool 
              init("heads_shape", np.array([0, 0, heads, hd], np.int64)), init("scale", np.float32(hd ** -0.5)),
              init("one", np.float32(1)), init("neg", np.float32(-1e4)), init("axes12", np.array([1, 2], np.int64)),
              init("hidden_dim", np.array([hidden], np.int64)), init("ln_g", 1 + _f32(hidden)),
-             init("ln_b", _f32(hidden)), init("causal", causal_bias)]
+             init("ln_b", _f32(hidden)), init("causal", causal_bias), init("flat_shape", np.array([-1, 1], np.int64)),
+             init("zero", np.array(0, np.int64)), init("one_i", np.array(1, np.int64)),
+             init("axes123", np.array([1, 2, 3], np.int64)), init("seq_i", np.array(seq, np.int64)),
+             init("kv", np.arange(seq, dtype=np.int64).reshape(1, 1, 1, seq)), init("last", np.array([-1], np.int64)),
+             init("seq_hidden", np.array([seq, hidden], np.int64)), init("pos1", _f32(1, seq, hidden))]
     return make(nodes, [vi("ids", ["B", seq], I64), vi("mask", ["B", seq], I64)], [vi("y", ["B", seq, hidden])],
                 inits, opset=17)
 
@@ -240,6 +272,13 @@ def _one_input(nodes, out_shape, inits=(), in_shape=("B", 6)) -> onnx.ModelProto
     (_one_input([helper.make_node("Transpose", ["x"], ["xt"]), helper.make_node("MatMul", ["x", "xt"], ["y"])],
                 ["B", "B"]), "'MatMul'.*different axes"),
     (_one_input([helper.make_node("Softmax", ["x"], ["y"], axis=0)], ["B", 6]), "normalizes along the batch axis"),
+    (_one_input([helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Gather", ["s", "zero"], ["n"]),
+                 helper.make_node("Range", ["zero", "n", "one"], ["r"]),
+                 helper.make_node("Cast", ["r"], ["rf"], to=TensorProto.FLOAT),
+                 helper.make_node("Unsqueeze", ["rf", "one1"], ["r2"]), helper.make_node("Add", ["x", "r2"], ["y"])],
+                ["B", 6], [init("zero", np.array(0, np.int64)), init("one", np.array(1, np.int64)),
+                           init("one1", np.array([1], np.int64))]),
+     "'Add'.*uses sample indices"),
     (_one_input([helper.make_node("Transpose", ["x"], ["y"])], [6, "B"]), "output 'y' has the batch on axis 1"),
 ])
 def test_the_analysis_refuses_what_mixes_samples(model: onnx.ModelProto, message: str) -> None:
@@ -259,3 +298,31 @@ def test_dimension_names_and_axes(tmp_path: Path) -> None:
     with pytest.raises(AotcError, match="one dynamic dimension"):
         compile_dynamic(m, tmp_path, "d", ["B<=2", "ids:0<=2"])
     assert batch_axes(m, {"ids": 0, "mask": 0}) == {"y": 0}
+
+
+@pytest.mark.slow
+def test_a_transformers_bert_export_with_dynamic_batch(tmp_path: Path) -> None:
+    """PyTorch's export of transformers' BERT with a dynamic batch axis (its masking utilities gather
+    the padding mask through a Range over the batch size), padding masks differing per sample."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    import real_models as rm
+
+    module, feeds = rm.ARCHS["bert"].build()
+    path = tmp_path / "bert.onnx"
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the exporter's deprecation and tracer warnings
+        torch.onnx.export(module, tuple(torch.from_numpy(v) for v in feeds.values()), str(path), opset_version=17,
+                          dynamo=False, input_names=list(feeds), output_names=["y"],
+                          dynamic_axes={k: {0: "batch"} for k in [*feeds, "y"]})
+    m = onnx.load(str(path))
+    m.ir_version = min(m.ir_version, 9)
+    compile_dynamic(m, tmp_path, "bert", ["batch<=2"])
+    lib = aotc.load(tmp_path / "bert")
+    seq = feeds["input_ids"].shape[1]
+    for n in (1, 2):
+        mask = np.ones((n, seq), np.int64)
+        for i in range(n):
+            mask[i, seq - 5 * i:] = 0
+        f = {"input_ids": RNG.integers(0, rm.VOCAB, (n, seq)).astype(np.int64), "attention_mask": mask}
+        np.testing.assert_allclose(lib.run(f)[0], ort_run(m, f)[0], rtol=1e-4, atol=1e-4)
