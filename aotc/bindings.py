@@ -127,6 +127,8 @@ class CompiledModel:
                      else self._ffi.NULL)
         self._train = self.metadata.get("train")
         self.train_inputs: list[TensorSpec] = []
+        # The ONNX model a training library came from, when compiled from memory (save() writes it back).
+        self.source_model: onnx.ModelProto | None = None
         if self._train is not None:
             self._init_state()
 
@@ -184,7 +186,7 @@ class CompiledModel:
         self._need_train("save")
         assert self._train is not None
         if source is None:
-            source = getattr(self, "source_model", None) or self._train.get("source")
+            source = self.source_model or self._train.get("source")
             if source is None:
                 raise AotcError(f"{self.name}.save: the model was compiled from memory; pass source=")
         model = source if isinstance(source, onnx.ModelProto) else onnx.load(str(source))

@@ -307,7 +307,10 @@ def compile(model: str | Path | onnx.ModelProto | Graph, out_dir: str | Path = D
     if name is None:
         name = "model" if isinstance(model, (onnx.ModelProto, Graph)) else _default_name(Path(model))
     result = compile_model(model, out_dir, name, **options)
-    return load(result.prefix, threads=threads)
+    loaded = load(result.prefix, threads=threads)
+    if isinstance(model, onnx.ModelProto):
+        loaded.source_model = model  # what save() writes back with the trained initializers
+    return loaded
 
 
 def _default_name(path: Path) -> str:
