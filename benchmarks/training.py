@@ -18,6 +18,7 @@ Medians over many steps after warm-up, the runtimes timed in alternating slices
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -131,6 +132,7 @@ def main() -> None:
     args = ap.parse_args()
     min_time = 0.5 if args.quick else 3.0
     rows = []
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         for label, kind, build in CASES:
             model, params, _ = build()
@@ -162,7 +164,8 @@ def main() -> None:
         Path(args.write_docs).write_text(DOC.format(cmd=" ".join(["python benchmarks/training.py", *sys.argv[1:]]),
                                                     machine=machine(), aotc=aotc.__version__, torch=torch.__version__,
                                                     isa=args.target_cpu or "native (AVX-512, x86-64-v4 class)",
-                                                    table=text))
+                                                    table=text, load=f"{load_before:.1f} / {os.getloadavg()[0]:.1f}",
+                                                    cores=os.cpu_count()))
 
 
 def table(rows: list) -> str:
@@ -183,7 +186,10 @@ measured in the same process in alternating slices; medians over many steps afte
 means aotc is faster. The machine is shared with other work and noisy: compare ratios within a run, not
 absolute times across runs. See the docstring of `benchmarks/training.py` for the models.
 
-Machine: {machine}. aotc {aotc} (`--target-cpu {isa}`), torch {torch}.
+Machine: {machine}. aotc {aotc} (`--target-cpu {isa}`), torch {torch}. Load average (1 minute) at the
+start / end of the run: {load}, on {cores} cores: where it is well above the thread count, the other
+processes take cores from the runtimes' threads, and PyTorch's OpenMP threads, which wait for each other
+at every op, suffer most at 2 threads.
 
 {table}
 """
