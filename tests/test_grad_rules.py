@@ -188,8 +188,12 @@ def test_normalization_gradients(tmp_path) -> None:
              lambda x, s, b: F.layer_norm(x, (6,), s, b)),
         case("layernorm_axis1", "LayerNormalization", [rand(2, 3, 4), rand(3, 4)],
              lambda x, s: F.layer_norm(x, (3, 4), s, eps=1e-3), axis=1, epsilon=1e-3),
+        case("instancenorm", "InstanceNormalization", [rand(2, 3, 4, 5), rand(3), rand(3)],
+             lambda x, s, b: F.instance_norm(x, weight=s, bias=b, eps=1e-3), epsilon=1e-3),
+        case("groupnorm", "GroupNormalization", [rand(2, 6, 5), rand(6), rand(6)],
+             lambda x, s, b: F.group_norm(x, 3, s, b), num_groups=3),
     ]
-    for c in cases[:2]:  # onnx.reference's training BatchNorm rounds the statistics to float32
+    for c in [*cases[:2], cases[-1]]:  # onnx.reference computes these statistics in float32
         c.finite_differences = False
     check_gradients(cases, tmp_path)
 

@@ -107,3 +107,32 @@ def _layernorm(b: GradBuilder, node: Node, dys: Grads, needs: list[bool]) -> Gra
     ds = b.sum_to(b.mul(g, xhat), scale.shape) if needs[1] else None
     db = b.sum_to(g, bias.shape) if bias is not None and len(needs) > 2 and needs[2] else None
     return [dx, ds, db]
+
+
+@rule("InstanceNormalization", "GroupNormalization")
+def _group_norm(b: GradBuilder, node: Node, dys: Grads, needs: list[bool]) -> Grads:
+    """As LayerNorm's, over the (group, channel-in-group, position) view [N, G, C/G, S] of x, with the
+    statistics recomputed per (n, group) and the scale and bias per channel (or per group, opset 18)."""
+    x, scale, g = node.inputs[0], node.inputs[1], dys[0]
+    assert x is not None and scale is not None and g is not None
+    bias = node.inputs[2]
+    n, c, s = x.shape[0], x.shape[1], int(np.prod(x.shape[2:]))
+    groups = c if node.op == "InstanceNormalization" else int(node.attr("num_groups"))
+    per = c // groups
+    per_group = node.op == "GroupNormalization" and node.attr("_opset", 21) < 21 and scale.shape[0] == groups
+    view = (n, groups, per, s)
+    param = (1, groups, 1, 1) if per_group else (1, groups, per, 1)
+    param_axes = [0, 2, 3] if per_group else [0, 3]
+    count = per * s
+    x4, g4 = b.reshape(x, view), b.reshape(g, view)
+    xc = b.sub(x4, b.scale(b.reduce_sum(x4, [2, 3]), 1 / count))
+    inv = b.op("Reciprocal", b.op("Sqrt", b.add(b.scale(b.reduce_sum(b.mul(xc, xc), [2, 3]), 1 / count),
+                                                 b.scalar(float(node.attr("epsilon", 1e-5)), x))))
+    xhat = b.mul(xc, inv)
+    gs = b.mul(g4, b.reshape(scale, param))
+    mg = b.scale(b.reduce_sum(gs, [2, 3]), 1 / count)
+    mgx = b.scale(b.reduce_sum(b.mul(gs, xhat), [2, 3]), 1 / count)
+    dx = b.reshape(b.mul(inv, b.sub(b.sub(gs, mg), b.mul(xhat, mgx))), x.shape) if needs[0] else None
+    ds = b.reshape(b.reduce_sum(b.mul(g4, xhat), param_axes), scale.shape) if needs[1] else None
+    db = b.reshape(b.reduce_sum(g4, param_axes), bias.shape) if bias is not None and needs[2] else None
+    return [dx, ds, db]
