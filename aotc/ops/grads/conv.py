@@ -139,3 +139,31 @@ def conv_as_gemm(b: GradBuilder, node: Node) -> None:
     last = y.producer
     assert last is not None
     last.outputs[0], out.producer = out, last
+
+
+@rule("ConvTranspose")
+def _conv_transpose(b: GradBuilder, node: Node, dys: Grads, needs: list[bool]) -> Grads:
+    """y[n, g Mg + m, i s + k d - p] += x[n, g Cg + c, i] W[g Cg + c, m, k]: the cotangent unfolded by a
+    conv's im2col over y (with the end padding that makes x's extent), dX = cols W^T and dW = X^T cols."""
+    x, w, gy = node.inputs[0], node.inputs[1], dys[0]
+    assert x is not None and w is not None and gy is not None
+    geo = forward_geometry("ConvTranspose", forward_attrs(node), list(x.shape), list(w.shape))
+    nd = len(x.shape) - 2
+    grp, cg, n = geo.group, geo.c // geo.group, geo.n
+    ek = [(geo.k[a] - 1) * geo.d[a] + 1 for a in range(3)]
+    pe = [(geo.inp[a] - 1) * geo.s[a] + ek[a] - geo.out[a] - geo.pb[a] for a in range(3)]
+    attrs = {"strides": list(geo.s[3 - nd:]), "dilations": list(geo.d[3 - nd:]), "group": grp,
+             "pads": [*geo.pb[3 - nd:], *pe[3 - nd:]], "x_shape": list(gy.shape), "w_shape": list(w.shape)}
+    cols = b.op("aotc.Im2Col", gy, **attrs)  # [G, N * Ox, Mg * K]
+    rows = n * geo.in_size
+    gx = gw = gb = None
+    if needs[0]:
+        wt = b.transpose(b.reshape(w, (grp, cg, w.size // geo.c)), [0, 2, 1])
+        gx = b.reshape(b.op("MatMul", cols, wt), (grp, n, geo.in_size, cg))
+        gx = b.reshape(b.transpose(gx, [1, 0, 3, 2]), x.shape)
+    if needs[1]:
+        xt = b.reshape(b.transpose(b.reshape(x, (n, grp, cg, geo.in_size)), [1, 2, 0, 3]), (grp, cg, rows))
+        gw = b.reshape(b.op("MatMul", xt, cols), w.shape)
+    if len(needs) > 2 and needs[2]:
+        gb = b.reduce_sum(gy, [0, *range(2, len(gy.shape))], keepdims=False)
+    return [gx, gw, gb]
