@@ -6,7 +6,8 @@ importing aotc needs no CUDA. Inputs and outputs may be numpy arrays (copied to 
 device arrays that expose ``__cuda_array_interface__`` (PyTorch CUDA tensors, CuPy and Numba arrays),
 used in place with no copy; DLPack-only producers convert through one of those (``cupy.from_dlpack``).
 A run with only device outputs returns without waiting for the GPU, as CUDA calls do; a run that copies
-outputs to numpy waits for its stream.
+outputs to numpy waits for its stream, and so does a run of a model whose kernels read run-time indices
+(Gather), to raise ``IndexOutOfRangeError`` as the C library's bindings do.
 """
 
 from __future__ import annotations
@@ -181,6 +182,8 @@ class CudaModel:
         self._lib = _open_library(self._ffi, prefix, self.metadata)
         self.workspace_bytes = int(getattr(self._lib, f"{self.name}_workspace_size")())
         self.constants_bytes = int(getattr(self._lib, f"{self.name}_constants_size")())
+        offset = int(getattr(self._lib, f"{self.name}_status_offset")())
+        self.status_offset = None if offset == int(self._ffi.cast("size_t", -1)) else offset
         self.constants = DeviceBuffer(self.rt, self.constants_bytes)
         self._check(getattr(self._lib, f"{self.name}_load_constants")(self._void(self.constants.ptr), self._void(0)))
         self.rt.sync(0)
@@ -262,7 +265,13 @@ class CudaModel:
                        self._void(s), *extra))
         for o, buf in copies:
             self.rt.copy(o.ctypes.data, buf.ptr, o.nbytes, _D2H, s)
-        if copies:
+        if self.status_offset is not None:  # a kernel may have found a bad index: wait and read its word
+            status = np.zeros(1, np.int32)
+            self.rt.copy(status.ctypes.data, ws.ptr + self.status_offset, 4, _D2H, s)
+            self.rt.sync(s)
+            if status[0]:
+                raise run_error(self.name, int(status[0]))
+        elif copies:
             self.rt.sync(s)
         return results
 

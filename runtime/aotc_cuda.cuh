@@ -12,6 +12,8 @@
 #include <stdint.h>
 
 #define AOTC_DEV static __device__ __forceinline__
+/* The element type of a bool tensor in the kernels' (C) spelling, which C++ lacks. */
+#define _Bool bool
 
 AOTC_DEV float aotc_expf(float x) { return expf(x); }
 AOTC_DEV float aotc_logf(float x) { return logf(x); }

@@ -90,3 +90,27 @@ def transformer(batch: int = 2, seq: int = 16, hidden: int = 64, heads: int = 4,
              init("sqrt2", np.float32(np.sqrt(2))), init("one", np.float32(1)), init("half", np.float32(0.5))]
     inits += [init(f"w{p}", w(hidden, hidden)) for p in "qkv"] + [init(f"b{p}", w(hidden)) for p in "qkv"]
     return make(nodes, [vi("x", [batch, seq, hidden])], [vi("y", [batch, seq, hidden])], inits)
+
+
+def data_movement(seed: int = 0) -> onnx.ModelProto:
+    """Embedding lookup (Gather with run-time ids), Concat, Split, Pad (reflect), Tile, ArgMax and the fused
+    Attention op (opset 23, 4-D, boolean mask, grouped kv heads)."""
+    rng = np.random.default_rng(seed)
+    from onnx import TensorProto
+
+    nodes = [
+        helper.make_node("Gather", ["table", "ids"], ["emb"], axis=0),           # [2, 8, 32]
+        helper.make_node("Split", ["emb", "halves"], ["e0", "e1"], axis=2),       # [2, 8, 16] twice
+        helper.make_node("Concat", ["e1", "e0", "e1"], ["cat"], axis=2),          # [2, 8, 48]
+        helper.make_node("Pad", ["cat", "pads"], ["pad"], mode="reflect"),        # [2, 10, 48]
+        helper.make_node("Tile", ["pad", "reps"], ["tiled"]),                     # [2, 10, 96]
+        helper.make_node("ArgMax", ["tiled"], ["best"], axis=2, keepdims=0),      # [2, 10]
+        helper.make_node("Attention", ["q", "k", "v", "mask"], ["att"], is_causal=0),
+    ]
+    inits = [init("table", rng.standard_normal((50, 32)).astype(np.float32)),
+             init("halves", np.array([16, 16], np.int64)), init("pads", np.array([0, 1, 0, 0, 1, 0], np.int64)),
+             init("reps", np.array([1, 1, 2], np.int64)), init("mask", rng.random((2, 1, 8, 8)) > 0.3)]
+    return make(nodes, [vi("ids", [2, 8], TensorProto.INT64), vi("q", [2, 4, 8, 32]), vi("k", [2, 2, 8, 32]),
+                        vi("v", [2, 2, 8, 32])],
+                [vi("tiled", [2, 10, 96]), vi("best", [2, 10], TensorProto.INT64), vi("att", [2, 4, 8, 32])],
+                inits, opset=23)

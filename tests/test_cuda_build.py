@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cuda_models import cnn, transformer
+from cuda_models import cnn, data_movement, transformer
 from models import mlp, reduce_sum_xyz
 
 from aotc.codegen.cuda import gemm
@@ -48,7 +48,7 @@ def test_seed_graph_is_one_deterministic_kernel(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("tf32", [False, True])
 def test_cnn_builds(tmp_path: Path, tf32: bool) -> None:
-    res = _build(cnn(), tmp_path, "cnn", cuda_tf32=tf32)
+    res = _build(cnn(), tmp_path, "cnn", cuda_tf32=tf32, cuda_arch="sm_80" if tf32 else "sm_80,sm_90")
     kinds = [k.kind for k in res.graph.kernels]
     assert kinds.count("conv") == 3 and "gemm" in kinds
     kernels = (res.build_dir / "cnn_kernels_0.cu").read_text()
@@ -61,6 +61,16 @@ def test_transformer_builds(tmp_path: Path) -> None:
     assert ["Softmax"] in ops and ["LayerNormalization"] in ops
     assert any(k.kind == "gemm" and "Gelu" in k.ops for k in res.graph.kernels)  # the FFN's GELU is its epilogue
     assert (tmp_path / "block_test").is_file()
+
+
+def test_data_movement_and_attention_build(tmp_path: Path) -> None:
+    res = _build(data_movement(), tmp_path, "dm", cuda_arch="sm_80")
+    assert [k.ops for k in res.graph.kernels] == [["Gather"], ["Split"], ["Concat"], ["Pad"], ["Tile"], ["ArgMax"],
+                                                  ["Attention"]]
+    src = (res.build_dir / "dm_kernels_0.cu").read_text()
+    gather = src[src.index("dm_k0_gather("):src.index("dm_k1_split(")]
+    assert "atomicExch(status, 3)" in gather  # an out-of-range id sets NAME_ERR_INDEX_OUT_OF_RANGE
+    assert "#define DM_STATUS_OFFSET" in (tmp_path / "dm.h").read_text()
 
 
 def test_unsupported_ops_are_listed_in_one_line(tmp_path: Path) -> None:
@@ -116,7 +126,7 @@ int main(void) {
 def test_c_api_checks_arguments_on_the_host(tmp_path: Path) -> None:
     """The header compiles as C; the run checks its pointers before any CUDA call, and a failed launch is a
     status, not a message or an exit."""
-    _build(mlp(1), tmp_path, "mlp")
+    _build(mlp(1), tmp_path, "mlp", cuda_arch="sm_80")
     (tmp_path / "main.c").write_text(HOST_PROGRAM)
     nvcc = resolve("cuda").cc
     dry = subprocess.run([nvcc, "--dryrun", "-c", str(tmp_path / "mlp.cu"), "-o", "/dev/null"],
@@ -135,7 +145,7 @@ def test_python_refuses_without_a_gpu(tmp_path: Path) -> None:
     import aotc
     from aotc.cuda_bindings import CudaRuntime
 
-    _build(reduce_sum_xyz(8), tmp_path, "seed")
+    _build(reduce_sum_xyz(8), tmp_path, "seed", cuda_arch="sm_80")
     try:
         has_gpu = CudaRuntime.get().device_count() > 0
     except AotcError:

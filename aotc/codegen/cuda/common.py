@@ -38,6 +38,7 @@ class CudaKernel:
     block: int = THREADS
     counters: int = 0                       # unsigned ints of workspace it takes (zeroed each run)
     partials: int = 0                       # bytes of workspace for partial results
+    status: bool = False                    # takes the run's status word (int *status, last parameter)
     notes: list[str] = field(default_factory=list)
 
 

@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import re
 
+from aotc.codegen.cuda.attention import emit_attention
 from aotc.codegen.cuda.common import CudaKernel, Unsupported
+from aotc.codegen.cuda.copies import emit_concat, emit_gather, emit_pad, emit_split, emit_tile
 from aotc.codegen.cuda.gemm import emit_conv, emit_matmul
 from aotc.codegen.cuda.loops import emit_loop
-from aotc.codegen.cuda.rows import emit_global_pool, emit_layernorm, emit_pool, emit_softmax
+from aotc.codegen.cuda.rows import emit_arg, emit_global_pool, emit_layernorm, emit_pool, emit_softmax
 from aotc.ir.kernel import Kernel
 from aotc.resources import runtime_dir
 
-ROW_OPS = {"Softmax": emit_softmax, "LogSoftmax": emit_softmax, "LayerNormalization": emit_layernorm,
+OP_KERNELS = {"Softmax": emit_softmax, "LogSoftmax": emit_softmax, "LayerNormalization": emit_layernorm,
            "MaxPool": emit_pool, "AveragePool": emit_pool, "GlobalAveragePool": emit_global_pool,
-           "GlobalMaxPool": emit_global_pool}
+           "GlobalMaxPool": emit_global_pool, "ArgMax": emit_arg, "ArgMin": emit_arg, "Concat": emit_concat,
+           "Split": emit_split, "Pad": emit_pad, "Tile": emit_tile, "Gather": emit_gather, "Attention": emit_attention}
 
 
 def device_functions() -> set[str]:
@@ -31,8 +34,8 @@ def emit_cuda_kernel(k: Kernel, fn: str, tf32: bool) -> CudaKernel:
         kernel = emit_matmul(k, fn, tf32)
     elif k.kind == "conv":
         kernel = emit_conv(k, fn, tf32)
-    elif k.root.op in ROW_OPS:
-        kernel = ROW_OPS[k.root.op](k, fn)
+    elif k.root.op in OP_KERNELS:
+        kernel = OP_KERNELS[k.root.op](k, fn)
     else:
         raise Unsupported("no CUDA kernel")
     missing = sorted(set(re.findall(r"\b(aotc_\w+)\s*\(", kernel.code)) - device_functions()

@@ -55,9 +55,13 @@ def generate_cuda(graph: Graph, name: str, input_names: list[str], output_names:
     blob = _Blob()
     in_index = {id(v): i for i, v in enumerate(graph.inputs)}
     out_index = {id(storage_root(v)): i for i, v in enumerate(graph.outputs)}
-    counters_offset = _align(plan.scratch_offset)
-    counters_bytes = sum(kern.counters for _, kern in kernels) * 4
-    partials_offset = _align(counters_offset + counters_bytes)
+    # Zeroed by each run before its first kernel: the status word (if a kernel can fail), then the split
+    # reductions' arrival counters.
+    zero_offset = _align(plan.scratch_offset)
+    has_status = any(kern.status for _, kern in kernels)
+    counters_offset = zero_offset + 4 * has_status
+    zero_bytes = 4 * has_status + sum(kern.counters for _, kern in kernels) * 4
+    partials_offset = _align(zero_offset + zero_bytes)
 
     def pointer(v: Value, role: str) -> str:
         root = storage_root(v)
@@ -80,24 +84,27 @@ def generate_cuda(graph: Graph, name: str, input_names: list[str], output_names:
             args += [f"({rtype} *)(ws + {partial}) /* partials */", f"(unsigned *)(ws + {counter}) /* counters */"]
             counter += kern.counters * 4
             partial = _align(partial + kern.partials)
+        if kern.status:
+            args.append(f"(int *)(ws + {zero_offset}) /* status */")
         calls.append({"fn": kern.fn, "grid": kern.grid, "block": kern.block, "args": args, "name": k.name,
                       "launch": k.outputs[0].size > 0, "comment": comment(f"{k.name}: {' + '.join(k.ops)}", 100)})
         lib.kernels.append(kern)  # type: ignore[arg-type]
     if blob.offsets and not blob.size:
         blob.parts.append(b"\0" * 64)
         blob.size = 64
-    lib.workspace_bytes = partial if counters_bytes else plan.scratch_offset
+    lib.workspace_bytes = partial if zero_bytes else plan.scratch_offset
     lib.consts_bytes = blob.size
     common = {"name": name, "version": __version__, "api": API, "profile": profile, "num_kernels": len(calls),
               "workspace_bytes": lib.workspace_bytes, "consts_bytes": blob.size, "statuses": RUN_ERRORS,
-              "cuda_status": CUDA_STATUS}
+              "cuda_status": CUDA_STATUS, "status_offset": zero_offset if has_status else None,
+              "checked": [comment(f"{k.name}: {' + '.join(k.ops)}", 100) for k, kern in kernels if kern.status]}
     files: dict[str, str | bytes] = {}
     files[f"{name}.h"] = env().get_template("cuda/header.h.j2").render(
         **common, source=comment(source, 60), target=comment(target.summary(), 1000),
         inputs=lib.inputs, outputs=lib.outputs)
     files[f"{name}.cu"] = env().get_template("cuda/model.cu.j2").render(
-        **common, inputs=lib.inputs, outputs=lib.outputs, calls=calls, counters_offset=counters_offset,
-        counters_bytes=counters_bytes)
+        **common, inputs=lib.inputs, outputs=lib.outputs, calls=calls, zero_offset=zero_offset,
+        zero_bytes=zero_bytes)
     codes = [kern.code for _, kern in kernels]
     for start in range(0, len(codes), KERNELS_PER_FILE):
         fname = f"{name}_kernels_{start // KERNELS_PER_FILE}.cu"
@@ -109,6 +116,8 @@ def generate_cuda(graph: Graph, name: str, input_names: list[str], output_names:
         if kern.counters:
             ps += [f"{dtypes.compute_type(k.reduce.outputs[0].dtype)} *__restrict__ part",
                    "unsigned *__restrict__ arrived"]
+        if kern.status:
+            ps.append("int *__restrict__ status")
         decls.append({"fn": kern.fn, "params": ", ".join(ps)})
     files[f"{name}_internal.cuh"] = env().get_template("cuda/internal.cuh.j2").render(
         **common, has_consts=blob.size > 0, kernels=decls)
@@ -127,7 +136,8 @@ def cuda_cdef(name: str, profile: bool) -> str:
             "    void *workspace, void *stream);\n"
             f"int {name}_load_constants(void *constants, void *stream);\n"
             f"size_t {name}_workspace_size(void);\n"
-            f"size_t {name}_constants_size(void);\n")
+            f"size_t {name}_constants_size(void);\n"
+            f"size_t {name}_status_offset(void);\n")
     if profile:
         text += (f"int {name}_run_profiled(const void *const *inputs, void *const *outputs, const void *constants,\n"
                  "    void *workspace, void *stream, uint64_t *times);\n")

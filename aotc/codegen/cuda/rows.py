@@ -22,9 +22,10 @@ from aotc.codegen.cuda.common import (
     params,
 )
 from aotc.codegen.loops import Emitter, identity_map
+from aotc.ir import dtypes
 from aotc.ir.kernel import Kernel
 from aotc.ops import norm as norm_ops
-from aotc.ops.common import c_literal
+from aotc.ops.common import axis_layout, c_literal, norm_axis
 from aotc.ops.conv import geometry
 from aotc.ops.nn import softmax_layout
 
@@ -182,5 +183,41 @@ def emit_global_pool(k: Kernel, fn: str) -> CudaKernel:
              f"  for ({idx} i = lane; i < {plane}; i += 32) {{ const float v = in0[row * {plane} + i]; {step} }}",
              f"  for (int d = 16; d >= 1; d /= 2) {combine}",
              f"  if (lane == 0) out0[row] = {'acc' if mx else f'acc / {float(plane)}f'};",
+             "}"]
+    return CudaKernel(fn, "\n".join(lines) + "\n", args, str(ceil_div(rows, WARPS)))
+
+
+def emit_arg(k: Kernel, fn: str) -> CudaKernel:
+    """ArgMax / ArgMin: one warp per row. Each lane scans its elements in index order, then the lanes'
+    (value, index) pairs combine by a total order (a NaN first, then the larger (smaller) value, then the
+    lower index, or the higher with select_last_index), so the result is the C kernel's sequential one."""
+    node = k.root
+    x = node.inputs[0]
+    if x.dtype not in (np.float32, np.float64, np.int32, np.int64):
+        raise Unsupported(f"{node.op} on {x.dtype}")
+    axis = norm_axis(node.attr("axis", 0), len(x.shape), node)
+    outer, n, inner = axis_layout(x.shape, axis)
+    if n == 0:
+        raise Unsupported(f"{node.op} over an empty axis")
+    args, names, _ = external(k)
+    idx = index_type(k)
+    t = dtypes.c_type(x.dtype)
+    better = ">" if node.op == "ArgMax" else "<"
+    tie = ">" if node.attr("select_last_index", 0) else "<"
+    rows = outer * inner
+    wins = (f"(vb != vb) ? (va != va ? ib {tie} ia : true) : (va != va) ? false : "
+            f"vb {better} va ? true : vb == va && ib {tie} ia")
+    lines = [_head(fn, args, names), *_row_start(rows, idx),
+             f"  const {idx} base = (row / {inner}) * {n * inner} + row % {inner};",
+             f"  {t} va = in0[base]; long long ia = -1;",
+             f"  for ({idx} i = lane; i < {n}; i += 32) {{",
+             f"    const {t} vb = in0[base + i * {inner}]; const long long ib = (long long)i;",
+             f"    if (ia < 0 || {wins}) {{ va = vb; ia = ib; }}",
+             "  }",
+             "  for (int d = 16; d >= 1; d /= 2) {",
+             f"    const {t} vb = aotc_shfl_xor(va, d); const long long ib = aotc_shfl_xor(ia, d);",
+             f"    if (ib >= 0 && (ia < 0 || {wins})) {{ va = vb; ia = ib; }}",
+             "  }",
+             "  if (lane == 0) out0[row] = (int64_t)ia;",
              "}"]
     return CudaKernel(fn, "\n".join(lines) + "\n", args, str(ceil_div(rows, WARPS)))
