@@ -234,11 +234,14 @@ def _cmd_run(args: argparse.Namespace) -> None:
     if args.output_dir:
         check_output_dir(Path(args.output_dir), "--output-dir")
     m = load(args.model, threads=args.threads)
+    feeds = {k: np.ascontiguousarray(v) for k, v in _read_inputs(args.input).items()}
     try:
-        outs = m.run(_read_inputs(args.input))
+        outs = m.run(feeds)
     except (ValueError, TypeError) as e:
         raise AotcError(str(e)) from None
-    for t, y in zip(m.outputs, outs, strict=True):
+    # An input updated in place (a TensorFlow variable) is shown or saved after the outputs, as updated.
+    results = [*zip(m.outputs, outs, strict=True), *((t, feeds[t.name]) for t in m.inputs if t.updated)]
+    for t, y in results:
         if args.output_dir:
             safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in t.name)
             with output_errors(args.output_dir):

@@ -120,3 +120,18 @@ def test_variables_updated_in_place_are_clean_under_sanitizers(fx, tmp_path):
     proc = subprocess.run([str(tmp_path / "g_test")], capture_output=True, text=True)
     assert "runtime error" not in proc.stderr and "AddressSanitizer" not in proc.stderr, proc.stderr
     assert proc.returncode == 0 and "g_test: PASSED" in proc.stdout, proc.stdout
+
+
+def test_aotc_run_saves_the_updated_variables(fx, tmp_path):
+    data = np.load(fx / "graph.npz")
+    compile_model(fx / "graph.pb", tmp_path, "g", config=config(tmp_path))
+    args = []
+    for name, key in (("x", "x_0"), ("w", "init_w"), ("b", "init_b"), ("cee", "init_c")):
+        np.save(tmp_path / f"{name}.npy", data[key])
+        args += ["--input", f"{name}={tmp_path / f'{name}.npy'}"]
+    proc = subprocess.run([sys.executable, "-m", "aotc", "run", str(tmp_path / "g"), *args, "--output-dir",
+                           str(tmp_path / "out")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["b.npy", "w.npy", "y.npy"]
+    for name, key in (("y", "y_0"), ("w", "w_0"), ("b", "b_0")):
+        np.testing.assert_allclose(np.load(tmp_path / "out" / f"{name}.npy"), data[key], rtol=1e-5, atol=1e-5)
