@@ -172,6 +172,8 @@ def compile_model(model: str | Path | onnx.ModelProto | Graph, out_dir: str | Pa
     if tgt.is_cuda:
         if bounded:
             raise AotcError("--target cuda does not compile data-dependent outputs (NonZero, Unique, ...)")
+        if graph.updates:
+            raise AotcError("--target cuda does not compile inputs updated in place (variables the graph assigns)")
         lib = generate_cuda(graph, name, input_names, output_names, source, target=tgt, profile=profile)
         thread_pool = False
     else:
