@@ -3,6 +3,7 @@ digits from Python and from C, compared step by step with PyTorch, under ASan/UB
 
 from __future__ import annotations
 
+import copy
 import re
 import shutil
 import subprocess
@@ -81,6 +82,35 @@ def test_matches_pytorch_for_100_steps(tmp_path, data, kind) -> None:
         assert loss == pytest.approx(want.item(), rel=1e-4)
     for k, v in tp.items():
         np.testing.assert_allclose(m.state[k], v.detach().numpy(), rtol=0, atol=1e-4)
+
+
+def test_pytorch_exported_model_with_batchnorm(tmp_path) -> None:
+    """A model torch.onnx.export writes in training mode (Gemm with transB, BatchNormalization with its
+    running statistics, initializers named "0.weight"): the same losses, parameters and running means
+    as PyTorch for 5 steps; the header's names drop the '.'."""
+    torch.manual_seed(0)
+    nn = torch.nn
+    net = nn.Sequential(nn.Linear(64, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 10))
+    torch.onnx.export(copy.deepcopy(net), (torch.randn(16, 64),), tmp_path / "net.onnx", input_names=["x"],
+                      output_names=["logits"], dynamo=False, training=torch.onnx.TrainingMode.TRAINING,
+                      do_constant_folding=False)
+    m = aotc.compile(tmp_path / "net.onnx", tmp_path, name="net", train=aotc.Train("softmax_ce:labels", "sgd:lr=0.1"))
+    assert "#define NET_STATE_0_WEIGHT_OFFSET" in (tmp_path / "net.h").read_text()
+    with torch.no_grad():  # exporting ran a forward pass in training mode: start from what it exported
+        net[1].running_mean.copy_(torch.tensor(m.state["1.running_mean"]))
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        xb, yb = rng.standard_normal((16, 64)).astype(np.float32), rng.integers(0, 10, 16)
+        loss = m.train_step({"x": xb, "labels": yb})
+        opt.zero_grad()
+        want = torch.nn.functional.cross_entropy(net(torch.tensor(xb)), torch.tensor(yb))
+        want.backward()
+        opt.step()
+        assert loss == pytest.approx(want.item(), rel=1e-5)
+    for k, v in net.state_dict().items():
+        if k.endswith(("weight", "bias", "running_mean")):
+            np.testing.assert_allclose(m.state[k], v.numpy(), atol=1e-5, err_msg=k)
 
 
 def test_loss_in_the_graph_and_mse(tmp_path, data) -> None:

@@ -304,10 +304,11 @@ class _SlotInfo:
 
 def _slot_infos(state: StateLayout) -> list[_SlotInfo]:
     """The state tensors with the identifier each gets in NAME_STATE_<X>_OFFSET and NAME_state_<x>_data:
-    mangled in lower case, so that no two differ only in case."""
+    mangled in lower case, so that no two differ only in case (no "_" before a leading digit: the name is
+    inside another identifier)."""
     mangle = Mangler()
-    return [_SlotInfo(s.name, mangle(s.name.lower()), s.role, dtypes.dtype_name(s.dtype), dtypes.c_type(s.dtype),
-                      list(s.shape), s.offset, s.nbytes) for s in state.slots]
+    return [_SlotInfo(s.name, mangle(s.name.lower()).lstrip("_"), s.role, dtypes.dtype_name(s.dtype),
+                      dtypes.c_type(s.dtype), list(s.shape), s.offset, s.nbytes) for s in state.slots]
 
 
 def hoist_includes(codes: list[str]) -> tuple[list[str], list[str]]:
