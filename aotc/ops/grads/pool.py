@@ -75,8 +75,7 @@ def _emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
                   f"  {ctype} acc = -INFINITY; size_t arg = (size_t)-1;",
                   *_window(g),
                   "      const " + ctype + " xv = xc[i];",
-                  "      const int take = (arg == (size_t)-1) | (xv > acc) | ((xv != xv) & (acc == acc));",
-                  "      acc = take ? xv : acc; arg = take ? i : arg;  /* selects: the branch is a coin toss */",
+                  "      if (arg == (size_t)-1 || xv > acc || (xv != xv && acc == acc)) { acc = xv; arg = i; }",
                   close,
                   "  if (arg != (size_t)-1) dx[arg] += gv;"]
     else:
