@@ -207,10 +207,12 @@ def test_gemm_tiling_matches_numpy(m: int, n: int, k: int, rows_fastest: bool, k
     np.testing.assert_allclose(c, a @ b, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("n_out,n_red", [(1, 1 << 24), (3, 100_000), (1000, 37), (5, 5000), (1, 0), (300, 20000)])
-def test_reduction_plan_covers_each_element_once(n_out: int, n_red: int) -> None:
-    group, chunks, length = reduction_plan(n_out, n_red)
-    assert group in (32, 256) and 256 % group == 0
+@pytest.mark.parametrize("n_out,n_red,column", [(1, 1 << 24, False), (3, 100_000, False), (1000, 37, False),
+                                                (5, 5000, False), (1, 0, False), (300, 20000, False),
+                                                (8192, 300, True), (100, 300, True)])
+def test_reduction_plan_covers_each_element_once(n_out: int, n_red: int, column: bool) -> None:
+    group, chunks, length = reduction_plan(n_out, n_red, column)
+    assert group in (1, 32, 256) and (group == 1) == (column and n_out >= 4096)
     assert chunks == 1 or group == 256  # a split reduction's last block combines with the whole block
     assert chunks * n_out <= max(2048, n_out)
     seen = np.zeros(n_red, np.int64)

@@ -45,6 +45,8 @@ WARP_ROW = 2048
 FEW_OUTPUTS = 256
 CHUNK = 8192
 MAX_CHUNKS = 2048
+# A reduction over a non-contiguous axis with at least this many outputs is one thread per output.
+COLUMN_OUTPUTS = 4096
 
 
 def collapse(extents: list[int], n_kept: int, accesses: list[Access]) -> list[list[int]]:
@@ -61,8 +63,12 @@ def collapse(extents: list[int], n_kept: int, accesses: list[Access]) -> list[li
     return groups
 
 
-def reduction_plan(n_out: int, n_red: int) -> tuple[int, int, int]:
-    """(G threads per work item, C chunks per output, L elements per chunk) of a reduction."""
+def reduction_plan(n_out: int, n_red: int, column: bool = False) -> tuple[int, int, int]:
+    """(G threads per work item, C chunks per output, L elements per chunk) of a reduction. ``column``: the
+    reduced elements are not contiguous but neighbouring outputs are, so one thread per output (G = 1)
+    summing its elements in order reads memory coalesced across the warp, when there are outputs enough."""
+    if column and n_out >= COLUMN_OUTPUTS:
+        return 1, 1, max(n_red, 1)
     chunks = 1
     if n_out < FEW_OUTPUTS and n_red >= 2 * CHUNK:
         chunks = max(1, min(n_red // CHUNK, MAX_CHUNKS // max(n_out, 1)))
@@ -132,7 +138,14 @@ def emit_loop(k: Kernel, fn: str) -> CudaKernel:
            "log": math_fn("log", rtype), "exp": math_fn("exp", rtype)}
     init = rule.init.format(**fmt)
     post = rule.post.format(acc="acc", n=c_literal(max(n_red, 1), rtype), **fmt)
-    group, chunks, length = reduction_plan(n_out, n_red)
+    # A column reduction: every access walks the innermost kept loop contiguously (or not at all) and the
+    # innermost reduced loop not contiguously (e.g. ReduceMean over the channels of an NCHW tensor).
+    inner_kept = kept_groups[-1][-1] if kept_groups else None
+    inner_red = red_groups[-1][-1] if red_groups else None
+    column = inner_kept is not None and inner_red is not None \
+        and all(a.coeffs[inner_kept] in (0, 1) for a in em.accesses) \
+        and any(a.coeffs[inner_kept] == 1 for a in em.accesses) and all(a.coeffs[inner_red] != 1 for a in em.accesses)
+    group, chunks, length = reduction_plan(n_out, n_red, column)
     items = n_out * chunks
     per_block = THREADS // group
     red_decl = decompose("r", [ext(g) for g in red_groups], [var[g[-1]] for g in red_groups], idx)
@@ -142,6 +155,8 @@ def emit_loop(k: Kernel, fn: str) -> CudaKernel:
 
     def group_reduce(indent: str) -> list[str]:
         """acc of every thread of the group -> the group's result in acc (in every lane of warp 0)."""
+        if group == 1:
+            return []
         res = [f"for (int m = 16; m >= 1; m /= 2) {{ const {rtype} other = aotc_shfl_xor(acc, m); "
                f"acc = {combine('acc', 'other')}; }}"]
         if group > 32:

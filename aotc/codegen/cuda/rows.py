@@ -33,7 +33,7 @@ WARPS = THREADS // 32
 
 
 def _warp_sum(v: str) -> str:
-    return f"for (int m = 16; m >= 1; m /= 2) {v} += aotc_shfl_xor({v}, m);"
+    return f"for (int d = 16; d >= 1; d /= 2) {v} += aotc_shfl_xor({v}, d);"
 
 
 def _nan_max(v: str, m: str) -> str:
