@@ -231,6 +231,17 @@ def table(models: list[dict], rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def shared_text(rows: list[dict]) -> str:
+    """A sentence for a run on a machine busier than its cores (empty otherwise)."""
+    loads, cores = [r["load"] for r in rows], os.cpu_count() or 1
+    if max(loads, default=0) <= cores:
+        return ""
+    return (f"\nThis run shared the machine with other work: its load average was {min(loads):.1f} to "
+            f"{max(loads):.1f} against {cores} cores, so the absolute times are inflated and a second thread "
+            "found no idle core (the 2-thread rows say more about the load than about threading). The "
+            "ratios, measured in the same process in alternating slices, are what count.\n")
+
+
 def compile_table(models: list[dict]) -> str:
     out = ["| model | aotc from the GraphDef | aotc from tf2onnx's ONNX |", "|---|---|---|"]
     for m in models:
@@ -272,7 +283,7 @@ across runs. See [benchmarks.md](benchmarks.md) for the ONNX models.
 {head}
 
 {table}
-
+{shared}
 Kernels and compile time (passes, code generation and the C compiler):
 
 {compile}
@@ -331,7 +342,7 @@ def main() -> None:
     if args.write_docs:
         command = " ".join(["python", "benchmarks/tensorflow.py", *sys.argv[1:]])
         Path(args.write_docs).write_text(DOC.format(command=command, head=head, table=text, compile=comp,
-                                                    cores=os.cpu_count()))
+                                                    cores=os.cpu_count(), shared=shared_text(rows)))
 
 
 if __name__ == "__main__":
