@@ -96,7 +96,8 @@ def build_training(graph: Graph, spec: Train, initializers: set[str]) -> Trainin
 
     _batchnorm_inference(graph)
     dropout_inference(graph)
-    graph.outputs = [v for v in graph.outputs if v.name != loss_spec.tensor or loss_spec.kind != "tensor"]
+    if loss_spec.kind == "tensor":  # NAME_run computes what the model does but its loss
+        graph.outputs = [v for v in graph.outputs if v.name != loss_spec.tensor]
     if not graph.outputs:
         raise AotcError(f"the model has no output besides the loss {loss_spec.tensor!r}: nothing for "
                         "NAME_run to compute")
