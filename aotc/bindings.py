@@ -15,6 +15,10 @@ step counter) in the ``CompiledModel``: ``train_step(feeds)`` updates it and ret
 reads it, ``state`` maps each state tensor's name to a numpy view of it, and ``save`` writes the model
 file back with the trained initializers. One model's state is not for several threads to train at once.
 
+An input the model updates in place (a TensorFlow variable it assigns; ``TensorSpec.updated``) must
+be a writable C-contiguous numpy array of its exact dtype and shape, sharing memory with no other
+input: ``run`` leaves the new value in that array and returns only the outputs.
+
 A nonzero status from the run raises the ``aotc.RunError`` subclass for it (``IndexOutOfRangeError``
 for an out-of-range index input; see ``aotc.errors.RUN_ERRORS``); the outputs are then unspecified.
 """
