@@ -186,7 +186,9 @@ def _cmd_compile(args: argparse.Namespace) -> None:
     if not args.quiet:
         plan = res.graph.memory
         total = sum(res.seconds.values())
-        print(f"aotc: compiled {name}: {res.num_kernels} kernels, workspace {plan.workspace_bytes} bytes "
+        train = (f" (+{len(res.library.kernels) - res.num_kernels} for the training step, state "
+                 f"{res.library.state.nbytes} bytes)" if res.library.state else "")
+        print(f"aotc: compiled {name}: {res.num_kernels} kernels{train}, workspace {res.library.workspace_bytes} bytes "
               f"(intermediates {plan.intermediate_bytes}), constants {res.library.consts_bytes} bytes, "
               f"{total:.2f}s -> {res.out_dir}/{name}.h{f', {name}.hpp' if args.cpp_class else ''}, "
               f"lib{name}.a, lib{name}.so"
