@@ -239,6 +239,71 @@ def test_c_api_under_sanitizers_at_one_and_the_bound(tmp_path: Path, monkeypatch
     assert DIM_OUT_OF_RANGE == 16
 
 
+# Any model's library at size 1 and at the bound under ASan/UBSan: inputs read from files into heap
+# blocks of exactly n samples, outputs written back for the comparison.
+C_FILES = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include "dyn.h"
+
+static const size_t in_bytes[] = {IN_BYTES};  /* per sample */
+static const size_t out_bytes[] = {OUT_BYTES};
+
+int main(void) {
+  void *ws = aligned_alloc(64, (DYN_WORKSPACE_BYTES + 63) / 64 * 64);
+  const int64_t sizes[] = {1, DYN_DIM0_MAX};
+  char path[64];
+  for (int k = 0; k < 2; k++) {
+    int64_t n = sizes[k];
+    const void *in[DYN_NUM_INPUTS];
+    void *out[DYN_NUM_OUTPUTS];
+    for (int i = 0; i < DYN_NUM_INPUTS; i++) {
+      void *p = malloc(in_bytes[i] * (size_t)n);
+      snprintf(path, sizeof path, "in%d_%d.bin", i, (int)n);
+      FILE *f = fopen(path, "rb");
+      if (!f || fread(p, in_bytes[i] * (size_t)n, 1, f) != 1) return 20;
+      fclose(f);
+      in[i] = p;
+    }
+    for (int i = 0; i < DYN_NUM_OUTPUTS; i++) out[i] = malloc(out_bytes[i] * (size_t)n);
+    int rc = dyn_run_dims_parallel(&n, in, out, ws, DYN_WORKSPACE_BYTES, 0);
+    if (rc != DYN_OK) { printf("%s\n", dyn_status_name(rc)); return 21; }
+    for (int i = 0; i < DYN_NUM_OUTPUTS; i++) {
+      snprintf(path, sizeof path, "out%d_%d.bin", i, (int)n);
+      FILE *f = fopen(path, "wb");
+      if (!f || fwrite(out[i], out_bytes[i] * (size_t)n, 1, f) != 1) return 22;
+      fclose(f);
+      free(out[i]);
+    }
+    for (int i = 0; i < DYN_NUM_INPUTS; i++) free((void *)in[i]);
+  }
+  free(ws);
+  return 0;
+}
+"""
+
+
+@pytest.mark.slow
+def test_an_attention_layer_under_sanitizers_at_one_and_the_bound(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    m = attention_block(causal=True)
+    compile_dynamic(m, tmp_path, "dyn", ["B<=3"], extra_cflags=[*SANITIZE, "-Wall", "-Wextra", "-Werror"])
+    lib_inputs = [i.name for i in m.graph.input]
+    feeds = {n: attention_feeds(n) for n in (1, 3)}
+    for n, f in feeds.items():
+        for k, name in enumerate(lib_inputs):
+            f[name].tofile(tmp_path / f"in{k}_{n}.bin")
+    want = {n: ort_run(m, f) for n, f in feeds.items()}
+    source = C_FILES.replace("IN_BYTES", ", ".join(str(feeds[1][name][0].nbytes) for name in lib_inputs))
+    source = source.replace("OUT_BYTES", ", ".join(str(w[0].nbytes) for w in want[1]))
+    monkeypatch.chdir(tmp_path)
+    run_c_program_under_sanitizers(tmp_path, source, "libdyn.a", SANITIZE)
+    for n, outs in want.items():
+        for k, w in enumerate(outs):
+            got = np.fromfile(tmp_path / f"out{k}_{n}.bin", w.dtype).reshape(w.shape)
+            np.testing.assert_allclose(got, w, rtol=2e-4, atol=2e-4)
+
+
 def test_cli_compiles_a_dynamic_library(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     m = batch_mlp()
     onnx.save(m, tmp_path / "m.onnx")
