@@ -12,6 +12,7 @@ import aotc.ops.reduce
 import aotc.ops.shape  # noqa: F401
 from aotc.ops.grads import (  # noqa: F401
     conv,
+    depthwise,
     elementwise,
     linalg,
     losses,

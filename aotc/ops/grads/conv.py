@@ -15,6 +15,7 @@ from __future__ import annotations
 from aotc.ir.graph import Node, Value
 from aotc.ops.conv.common import Geometry
 from aotc.ops.grads.builder import GradBuilder, rule
+from aotc.ops.grads.depthwise import one_channel_per_group
 from aotc.ops.grads.pool import forward_attrs, forward_geometry
 from aotc.ops.registry import OpDef, register
 
@@ -96,9 +97,13 @@ def _conv(b: GradBuilder, node: Node, dys: Grads, needs: list[bool]) -> Grads:
     geo = forward_geometry("Conv", forward_attrs(node), list(x.shape), list(w.shape))
     grp, n, mg = geo.group, geo.n, geo.m // geo.group
     rows = n * geo.out_size
+    gx = gw = gb = None
+    if one_channel_per_group(node):
+        gx = b.op("aotc.DepthwiseGradInput", gy, w, **attrs) if needs[0] else None
+        gw = b.op("aotc.DepthwiseGradWeight", x, gy, **attrs) if needs[1] else None
+        needs = [False, False, *needs[2:]]
     # G as [group, n, m, o]: the cotangent's channels split by group.
     g4 = b.reshape(gy, (n, grp, mg, geo.out_size))
-    gx = gw = gb = None
     if needs[1]:
         cols = b.op("aotc.Im2Col", x, **attrs)
         gm = b.reshape(b.transpose(g4, [1, 2, 0, 3]), (grp, mg, rows))
@@ -110,7 +115,6 @@ def _conv(b: GradBuilder, node: Node, dys: Grads, needs: list[bool]) -> Grads:
     if len(needs) > 2 and needs[2]:
         gb = b.reduce_sum(gy, [0, *range(2, len(gy.shape))], keepdims=False)
     return [gx, gw, gb]
-
 
 
 @rule("aotc.Im2Col")
