@@ -179,6 +179,10 @@ def test_small_cnn_learns_digits(tmp_path, data) -> None:
     x, y = data
     m = aotc.compile(small_cnn(), tmp_path, name="cnn", train=aotc.Train("softmax_ce:labels", "adam:lr=0.01"))
     assert m.state["m1"].tolist() == [0.0] * 8
+    # NAME_run's second conv (8 input channels, weights from the state) is an im2col + GEMM: the conv
+    # kernels' fast paths need constant weights, and their generic loop is some 40 times slower.
+    convs = [k["ops"] for k in m.metadata["kernels"] if "Conv" in k["ops"]]
+    assert len(convs) == 1 and any("aotc.Im2Col" in k["ops"] for k in m.metadata["kernels"]), convs
     for xb, yb in batches(x, y, 600):
         m.train_step({"x": xb, "labels": yb})
     assert m.state["m1"].any() and not np.allclose(m.state["v1"], 1)

@@ -23,7 +23,7 @@ from aotc.ir.graph import Graph, Node, Value
 from aotc.ops.grads.builder import GradBuilder
 from aotc.ops.registry import OPS
 from aotc.passes.propagate import propagate
-from aotc.training.autodiff import gradients
+from aotc.training.autodiff import gradients, lower_runtime_convs
 from aotc.training.dropout import dropout_inference, dropout_training
 from aotc.training.optimizers import apply_optimizer
 from aotc.training.spec import Loss, Train
@@ -96,6 +96,7 @@ def build_training(graph: Graph, spec: Train, initializers: set[str]) -> Trainin
 
     _batchnorm_inference(graph)
     dropout_inference(graph)
+    lower_runtime_convs(graph)  # the conv kernels' fast paths need constant weights; a GEMM does not
     if loss_spec.kind == "tensor":  # NAME_run computes what the model does but its loss
         graph.outputs = [v for v in graph.outputs if v.name != loss_spec.tensor]
     if not graph.outputs:
