@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 
 import numpy as np
+import onnx
 import pytest
 import torch
 import torch.nn.functional as F
@@ -282,3 +283,48 @@ def test_transformer_block_gradients_match_torch(tmp_path) -> None:
     loss = _transformer_loss(p, ids, tgt)
     loss.backward()
     _compare(got, loss, p)
+
+
+class _TorchCnn(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(4)
+        self.dw = torch.nn.Conv2d(4, 8, 3, stride=2, padding=1, groups=4)
+        self.fc = torch.nn.Linear(8, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.nn.functional.max_pool2d(torch.relu(self.bn(self.conv(x))), 2)
+        h = torch.nn.functional.avg_pool2d(torch.sigmoid(self.dw(h)), 2)
+        return torch.log_softmax(self.fc(torch.flatten(h, 1)), 1)
+
+
+@pytest.mark.filterwarnings("ignore")  # the TorchScript exporter's deprecation and tracer warnings
+def test_gradients_of_a_model_exported_by_pytorch(tmp_path) -> None:
+    """PyTorch's exporter (parameters as inputs, BatchNorm in training mode), an NLL loss appended; the
+    gradients of every parameter and of the input against the same module's autograd."""
+    import io
+
+    torch.manual_seed(0)
+    module = _TorchCnn().train()
+    x = torch.randn(4, 3, 8, 8)
+    f = io.BytesIO()
+    torch.onnx.export(module, (x,), f, export_params=False, dynamo=False, opset_version=17,
+                      training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False)
+    model = onnx.load_from_string(f.getvalue())
+    out = model.graph.output[0].name
+    model.graph.node.append(helper.make_node("NegativeLogLikelihoodLoss", [out, "labels"], ["loss"]))
+    model.graph.input.append(_vi("labels", [4], TensorProto.INT64))
+    del model.graph.output[:]
+    model.graph.output.append(_vi("loss", []))
+    names = [i.name for i in model.graph.input if "running" not in i.name and i.name != "labels"]
+    graph = _with_gradients(model, names, "exported")
+    params = {n: p.detach().numpy() for n, p in module.named_parameters()}
+    feeds = {**params, "bn.running_mean": np.zeros(4, np.float32), "bn.running_var": np.ones(4, np.float32),
+             names[0]: x.numpy(), "labels": np.array([0, 3, 4, 1])}
+    got = aotc.compile(graph, tmp_path, name="exported", threads=2).run(feeds)
+    module.double()
+    xt = x.double().requires_grad_()
+    loss = F.nll_loss(module(xt), torch.tensor(feeds["labels"]))
+    loss.backward()
+    _compare(got, loss, {names[0]: xt, **dict(module.named_parameters())})
