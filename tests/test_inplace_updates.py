@@ -1,7 +1,7 @@
 """In-place updates (Graph.add_update): the run writes a new value into an input's buffer, and every
 read of that input in the graph still sees the value from before the run, whatever reads it (a GEMM,
 a view, another update) and on any number of threads. Graphs are written as IR text; numpy is the
-reference."""
+reference. The IR text writes an update as ``update %input = %value`` after the return values."""
 
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ SGD = """graph sgd opset=17 {
   %step: float32[64,32] = Mul(%g, %lr)
   %w_new: float32[64,32] = Sub(%w, %step)
   %y: float32[64,32] = Mul(%w, %w)
-  return %y, %w_new
+  return %y
+  update %w = %w_new
 }
 """
 
@@ -39,30 +40,25 @@ HAZARDS = """graph hazards opset=17 {
   %vt: float32[8,8] = Transpose(%v) perm=[1, 0]
   %v_new: float32[8,8] = Add(%vt, %v)
   %s: float32[8,8] = Add(%w, %v)
-  return %s, %a, %w_new, %v_new, %b, %a
+  return %s, %a
+  update %w = %w_new
+  update %v = %v_new
+  update %a = %b
+  update %b = %a
 }
 """
 
 
-def updated(text: str, updates: list[str]) -> Graph:
-    """The graph of ``text`` whose last ``len(updates)`` returned values update the inputs named."""
+def build(text: str, tmp_path, threads: int = 1, **options) -> CompiledModel:
     g = Graph.from_text(text)
-    values, inputs = g.outputs[len(g.outputs) - len(updates):], {v.name: v for v in g.inputs}
-    g.outputs = g.outputs[:len(g.outputs) - len(updates)]
-    for target, value in zip(updates, values, strict=True):
-        g.add_update(inputs[target], value)
-    return g
-
-
-def build(text: str, updates: list[str], tmp_path, threads: int = 1, **options) -> CompiledModel:
-    g = updated(text, updates)
+    assert g.to_text() == text  # the update lines read back as they print
     return aotc.load(compile_model(g, tmp_path, g.name, target_cpu="x86-64-v3", **options).prefix, threads=threads)
 
 
 def test_sgd_step_is_one_loop_that_reads_and_writes_the_weights(tmp_path):
     rng = np.random.default_rng(0)
     w0, g = rng.standard_normal((2, 64, 32), dtype=np.float32)
-    m = build(SGD, ["w"], tmp_path, threads=2)
+    m = build(SGD, tmp_path, threads=2)
     kernels = [k["ops"] for k in m.metadata["kernels"]]
     assert ["Mul", "Sub", "Copy"] in kernels and len(kernels) == 2  # y, and the fused update
     assert [t.name for t in m.inputs] == ["w", "g"] and [t.name for t in m.outputs] == ["y"]
@@ -87,7 +83,7 @@ def test_sgd_step_is_one_loop_that_reads_and_writes_the_weights(tmp_path):
 def test_every_reader_sees_the_old_values(tmp_path):
     rng = np.random.default_rng(1)
     w0, v0, a0, b0 = rng.standard_normal((4, 8, 8), dtype=np.float32)
-    m = build(HAZARDS, ["w", "v", "a", "b"], tmp_path, threads=2)
+    m = build(HAZARDS, tmp_path, threads=2)
     w, v, a, b = w0.copy(), v0.copy(), a0.copy(), b0.copy()
     s, old_a = m.run({"w": w, "v": v, "a": a, "b": b})
     np.testing.assert_allclose(s, w0 + v0, rtol=1e-6)
@@ -102,15 +98,16 @@ def test_an_unchanged_value_writes_nothing(tmp_path):
     text = """graph same opset=17 {
   input %x: float32[4]
   input %s: float32[4]
-  %shape: int64[2] = constant [2, 2]
-  %flat: int64[1] = constant [4]
   %y: float32[4] = Relu(%x)
+  %shape: int64[2] = constant [2, 2]
   %r: float32[2,2] = Reshape(%s, %shape)
+  %flat: int64[1] = constant [4]
   %back: float32[4] = Reshape(%r, %flat)
-  return %y, %back
+  return %y
+  update %s = %back
 }
 """
-    m = build(text, ["s"], tmp_path)
+    m = build(text, tmp_path)
     assert [k["ops"] for k in m.metadata["kernels"]] == [["Relu"]]
     s = np.arange(4, dtype=np.float32)
     (y,) = m.run({"x": -s, "s": s})
@@ -118,7 +115,7 @@ def test_an_unchanged_value_writes_nothing(tmp_path):
 
 
 def test_python_refuses_what_cannot_be_updated_in_place(tmp_path):
-    m = build(SGD, ["w"], tmp_path)
+    m = build(SGD, tmp_path)
     g = np.zeros((64, 32), np.float32)
     with pytest.raises(TypeError, match="input 'w' is updated in place: pass a numpy array"):
         m.run({"w": g.tolist(), "g": g})
@@ -136,7 +133,7 @@ def test_in_place_updates_are_clean_under_sanitizers(tmp_path):
     """The generated test (a fresh copy of each in-place input per run, 1 then 2 threads) under
     ASan/UBSan, for the hazards graph: GEMM, view and swap updates."""
     require_sanitizers(tmp_path)
-    g = updated(HAZARDS, ["w", "v", "a", "b"])
+    g = Graph.from_text(HAZARDS)
     compile_model(g, tmp_path, "m", extra_cflags=SANITIZE, gen_test=True)
     proc = subprocess.run([str(tmp_path / "m_test")], capture_output=True, text=True)
     assert "runtime error" not in proc.stderr and "AddressSanitizer" not in proc.stderr, proc.stderr
@@ -145,5 +142,5 @@ def test_in_place_updates_are_clean_under_sanitizers(tmp_path):
 
 
 def test_in_place_kernels_compile_without_warnings(tmp_path):
-    g = updated(HAZARDS, ["w", "v", "a", "b"])
+    g = Graph.from_text(HAZARDS)
     compile_model(g, tmp_path, "m", extra_cflags=["-Wall", "-Wextra", "-Werror"], target_cpu="x86-64-v3")

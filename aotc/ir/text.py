@@ -206,7 +206,9 @@ def print_graph(graph: Graph, elide: int | None) -> str:
         named = "" if n.outputs and n.name == n.outputs[0].name else f" @{_name(n.name)}"
         lines.append(f"  {outs} = {_ident(n.op)}({args}){attrs}{named}")
     declare_constants(list(graph.outputs))
-    lines.append("  return" + "".join(f"{',' if i else ''} {ref(v)}" for i, v in enumerate(graph.outputs)))
+    fetches = graph.outputs[:graph.num_fetches]
+    lines.append("  return" + "".join(f"{',' if i else ''} {ref(v)}" for i, v in enumerate(fetches)))
+    lines += [f"  update {ref(v)} = {ref(graph.outputs[pos])}" for v, pos in graph.update_pairs()]
     lines.append("}")
     return "\n".join(lines) + "\n"
 
@@ -363,6 +365,16 @@ class _Parser:
             g.outputs.append(self.use())
             while self.accept(","):
                 g.outputs.append(self.use())
+        while self.accept("ident", "update"):  # an input updated in place (Graph.add_update)
+            t = self.peek()
+            target = self.use()
+            self.expect("=", "'=' after the updated input")
+            value = self.use()
+            if not any(target is v for v in g.inputs) or any(target is v for v in g.updates):
+                raise self.error(t.pos, f"update {t.text}: not an input, or updated twice")
+            if (value.shape, value.dtype) != (target.shape, target.dtype):
+                raise self.error(t.pos, f"update {t.text}: a {value.type_str()} value for a {target.type_str()} input")
+            g.add_update(target, value)
         self.expect("}", "'}' after the return values")
         t = self.peek()
         if t.kind != "end":
