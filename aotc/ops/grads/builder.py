@@ -122,7 +122,8 @@ class GradBuilder:
         return a if k == 1 else self.mul(a, self.scalar(k, a))
 
 
-GradRule = Callable[[GradBuilder, Node, list[Value | None], list[bool]], list[Value | None]]
+Grads = list[Value | None]  # one cotangent per output (what a rule gets) or per input (what it returns)
+GradRule = Callable[[GradBuilder, Node, Grads, list[bool]], Grads]
 
 
 def rule(*names: str) -> Callable[[GradRule], GradRule]:

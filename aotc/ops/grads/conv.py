@@ -12,14 +12,12 @@ Groups are the batch of the products; a depthwise conv is a batch of one-row pro
 
 from __future__ import annotations
 
-from aotc.ir.graph import Node, Value
+from aotc.ir.graph import Node
 from aotc.ops.conv.common import Geometry
-from aotc.ops.grads.builder import GradBuilder, rule
+from aotc.ops.grads.builder import GradBuilder, Grads, rule
 from aotc.ops.grads.depthwise import one_channel_per_group
 from aotc.ops.grads.pool import forward_attrs, forward_geometry
 from aotc.ops.registry import OpDef, register
-
-Grads = list[Value | None]
 
 
 def _geometry(node: Node) -> Geometry:

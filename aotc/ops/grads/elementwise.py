@@ -7,9 +7,7 @@ import math
 
 from aotc.ir import dtypes
 from aotc.ir.graph import Node, Value
-from aotc.ops.grads.builder import GradBuilder, differentiable, rule
-
-Grads = list[Value | None]
+from aotc.ops.grads.builder import GradBuilder, Grads, differentiable, rule
 
 
 def _ins(node: Node) -> list[Value]:

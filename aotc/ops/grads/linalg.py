@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 from aotc.ir.graph import Node, Value
-from aotc.ops.grads.builder import GradBuilder, rule
-
-Grads = list[Value | None]
+from aotc.ops.grads.builder import GradBuilder, Grads, rule
 
 
 def _rows(b: GradBuilder, v: Value) -> Value:

@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from aotc.ir.graph import Node, Value
-from aotc.ops.grads.builder import GradBuilder, rule
-from aotc.ops.grads.nn import _log_softmax
+from aotc.ir.graph import Node
+from aotc.ops.grads.builder import GradBuilder, Grads, rule
+from aotc.ops.grads.nn import log_softmax_grad
 from aotc.ops.registry import OpDef, register
-
-Grads = list[Value | None]
 
 
 def _grad_infer(node: Node):
@@ -79,7 +77,7 @@ def _loss(b: GradBuilder, node: Node, dys: Grads, needs: list[bool]) -> Grads:
     if len(dys) > 1 and dys[1] is not None:  # the log-probabilities: a LogSoftmax over the classes
         lp = node.outputs[1]
         probe = Node("LogSoftmax", [x], [lp], {"axis": 1, "_opset": 13}, node.name)
-        glp = _log_softmax(b, probe, [dys[1]], [True])[0]
+        glp = log_softmax_grad(b, probe, [dys[1]], [True])[0]
         assert glp is not None
         gx = glp if gx is None else b.add(gx, glp)
     return [gx, None, None]

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from aotc.ir.graph import Node, Value
 from aotc.ops.common import norm_axis
-from aotc.ops.grads.builder import GradBuilder, rule
+from aotc.ops.grads.builder import GradBuilder, Grads, rule
 from aotc.ops.nn import dropout_mask
-
-Grads = list[Value | None]
 
 
 def _softmax_axes(node: Node) -> list[int]:
@@ -29,7 +27,7 @@ def _softmax(b: GradBuilder, node: Node, dys: Grads, needs: list[bool]) -> Grads
 
 
 @rule("LogSoftmax")
-def _log_softmax(b: GradBuilder, node: Node, dys: Grads, needs: list[bool]) -> Grads:
+def log_softmax_grad(b: GradBuilder, node: Node, dys: Grads, needs: list[bool]) -> Grads:
     """dx = g - exp(y) sum(g)."""
     g, y = dys[0], node.outputs[0]
     assert g is not None

@@ -12,12 +12,10 @@ import numpy as np
 
 from aotc.ir import dtypes
 from aotc.ir.graph import Node, Value
-from aotc.ops.grads.builder import GradBuilder, rule
+from aotc.ops.grads.builder import GradBuilder, Grads, rule
 from aotc.ops.nn import bn_training
 from aotc.ops.norm import ln_axis
 from aotc.ops.registry import OpDef, register
-
-Grads = list[Value | None]
 
 
 def _bn_grad_infer(node: Node):

@@ -11,10 +11,8 @@ import numpy as np
 from aotc.ir import dtypes
 from aotc.ir.graph import Node, Value
 from aotc.ops.conv.common import Geometry, geometry
-from aotc.ops.grads.builder import GradBuilder, rule
+from aotc.ops.grads.builder import GradBuilder, Grads, rule
 from aotc.ops.registry import OpDef, register
-
-Grads = list[Value | None]
 
 
 def forward_geometry(op: str, attrs: dict[str, Any], x_shape: list[int], w_shape: list[int] | None = None) -> Geometry:

@@ -7,10 +7,8 @@ import numpy as np
 
 from aotc.ir import dtypes
 from aotc.ir.graph import Node, Value
-from aotc.ops.grads.builder import GradBuilder, rule
+from aotc.ops.grads.builder import GradBuilder, Grads, rule
 from aotc.ops.reduce import reduce_axes
-
-Grads = list[Value | None]
 
 
 def _kept(node: Node) -> tuple[int, ...]:

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from aotc.errors import AotcError
 from aotc.ir.graph import Node, Value
 from aotc.ops.common import const_input, norm_axis
-from aotc.ops.grads.builder import GradBuilder, rule
+from aotc.ops.grads.builder import GradBuilder, Grads, rule
 from aotc.ops.registry import OpDef, register
 from aotc.ops.shape import slice_params
-
-Grads = list[Value | None]
 
 
 @rule("Reshape", "Flatten", "Squeeze", "Unsqueeze")
@@ -104,8 +103,6 @@ def _slice(b: GradBuilder, node: Node, dys: Grads, needs: list[bool]) -> Grads:
 
 @rule("Pad")
 def _pad(b: GradBuilder, node: Node, dys: Grads, needs: list[bool]) -> Grads:
-    from aotc.errors import AotcError
-
     x, g = node.inputs[0], dys[0]
     assert x is not None and g is not None
     mode = node.attr("mode", "constant")
