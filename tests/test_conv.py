@@ -438,17 +438,21 @@ def _has_avx512() -> bool:
 
 
 @pytest.mark.skipif(not _has_avx512(), reason="needs a CPU with AVX-512")
-def test_conv_avx512_row_write_out(tmp_path) -> None:
+def test_conv_avx512_paths(tmp_path) -> None:
     """AVX-512's tiled convs whose output planes are a multiple of 4 KB (every channel's strided store
     in one L1 set) collect their tiles position-major and write rows: 3 -> 32 on 64x64 ran 10x slower
-    than on AVX2 before. Against onnxruntime, with an epilogue, a batch of 2, a partial channel block
-    and the last tile overlapping, on 1 and 3 threads (bit-identical)."""
+    than on AVX2 before. Its 1x1 convs with channels in the lanes (projections, small planes): input
+    channel blocks, tails, partial channel blocks. Against onnxruntime, with an epilogue, a batch of
+    2, a partial channel block and the last tile overlapping, on 1 and 3 threads (bit-identical)."""
     cases = [single("stem_4k", "Conv", [Inp((2, 3, 32, 32)), w(32, 3, 3, 3), w(32)], {"pads": [1, 1, 1, 1]},
                     **tol(27)),
              single("partial_block", "Conv", [Inp((1, 5, 16, 64)), w(20, 5, 3, 3)], {"pads": [1, 1, 1, 1]},
                     **tol(45)),
              # 1023 positions (4092-byte planes, nearly 4 KB apart: the same L1 set still)
-             single("odd_tail", "Conv", [Inp((1, 4, 33, 31)), w(16, 4, 3, 3)], {"pads": [1, 1, 1, 1]}, **tol(36))]
+             single("odd_tail", "Conv", [Inp((1, 4, 33, 31)), w(16, 4, 3, 3)], {"pads": [1, 1, 1, 1]}, **tol(36)),
+             single("pw_project", "Conv", [Inp((2, 600, 9, 11)), w(40, 600, 1, 1), w(40)], **tol(600)),
+             single("pw_expand_7x7", "Conv", [Inp((1, 24, 7, 7)), w(72, 24, 1, 1), w(72)], **tol(24)),
+             single("pw_tail", "Conv", [Inp((1, 48, 2, 7)), w(16, 48, 1, 1)], **tol(48))]
     model, feeds = build_model_and_feeds(cases)
     first = model.graph.output[0]  # through a Relu, which the conv applies before its stores
     model.graph.node.append(helper.make_node("Relu", [first.name], ["relu"]))

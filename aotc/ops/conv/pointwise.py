@@ -1,5 +1,6 @@
-"""1x1 convs with fewer output than input channels on small planes (AVX2): the tiled path blocked
-over input channels, written out through 8x8 transposes."""
+"""1x1 convs with fewer output than input channels, or on small planes (AVX2, AVX-512): the tiled
+path blocked over input channels, written out through 8x8 transposes (AVX2) or rows read from the
+position-major sums (AVX-512)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ if TYPE_CHECKING:
 # 16 ymm registers. 4 vectors take 2 positions: 3 leave one weight vector in memory, which measured
 # 8-15% slower (MobileNetV2's 960 -> 160 and 960 -> 320 convs).
 _PW_TILES = {1: 12, 2: 6, 3: 4, 4: 2}
+# AVX-512: the same within 32 zmm registers (24 accumulators at most, as the GEMM tile).
+_PW_TILES_512 = {1: 16, 2: 12, 3: 8, 4: 6}
 
 
 _PW_SPEED = {1: 0.8, 2: 1.0, 3: 0.98, 4: 0.95}   # relative speed per tile shape, see pointwise_plan
@@ -41,10 +44,18 @@ def _pw_block_floats(target: Target) -> int:
     return target.l1d_bytes // 16
 
 
+def _tiles(target: Target) -> dict[int, int] | None:
+    """Positions per tile by vectors of channels, for the ISAs this kernel is written for."""
+    if lanes_of_8x8(target):
+        return _PW_TILES
+    return _PW_TILES_512 if target.isa.lanes == 16 and target.isa.registers == 32 else None
+
+
 def pointwise_plan(g: Geometry, target: Target) -> TilePlan | None:
     """The plan of ``pointwise_conv`` (a "tiled" conv specialized for 1x1), or None where it is not
-    used: other ISAs (it needs AVX2's 8x8 transposes) and shapes the rows path does better."""
-    if not lanes_of_8x8(target) or g.taps != 1 or any(v != 1 for v in g.s) or needs_pad(g) or g.out_size < 8:
+    used: ISAs other than AVX2 and AVX-512, and shapes the rows path does better."""
+    tiles = _tiles(target)
+    if tiles is None or g.taps != 1 or any(v != 1 for v in g.s) or needs_pad(g) or g.out_size < 8:
         return None
     mg, cg = g.m // g.group, g.c // g.group
     # MobileNetV2's 1x1 convs, 1 thread, this kernel against the rows path: those with fewer output
@@ -56,10 +67,12 @@ def pointwise_plan(g: Geometry, target: Target) -> TilePlan | None:
     # Fewest padded channels per unit of speed. Measured on MobileNetV2's project convs (160, 32 and
     # 24 output channels): tiles of 2, 3 or 4 vectors within a few percent of each other where none
     # pads, 2 the fastest; 1 vector (12 positions, more loads than FMAs) about 20% slower.
+    lanes = target.isa.lanes
+
     def cost(nv: int) -> float:
-        return -(-mg // (8 * nv)) * 8 * nv / _PW_SPEED[nv]
-    nv = min(_PW_TILES, key=cost)
-    return TilePlan(8 * nv, nv, _PW_TILES[nv], 8)
+        return -(-mg // (lanes * nv)) * lanes * nv / _PW_SPEED[nv]
+    nv = min(tiles, key=cost)
+    return TilePlan(lanes * nv, nv, tiles[nv], lanes)
 
 
 def pointwise_chunk(g: Geometry, plan: TilePlan, target: Target) -> tuple[int, int]:
@@ -95,7 +108,8 @@ def pointwise_conv(g: Geometry, x: str, packed: str, y: str, target: Target, epi
     plan = pointwise_plan(g, target)
     assert plan is not None
     cg, mg = g.c // g.group, g.m // g.group
-    cb, nv, R = plan.cb, plan.nv, plan.r
+    cb, nv, R, L = plan.cb, plan.nv, plan.r, plan.lanes
+    tr8 = lanes_of_8x8(target)
     nb = -(-mg // cb)
     OS = g.out_size
     Q, Q8 = pointwise_chunk(g, plan, target)
@@ -117,25 +131,26 @@ def pointwise_conv(g: Geometry, x: str, packed: str, y: str, target: Target, epi
         accumulators minus the broadcast) there. Not inlined: inlined into the task loop, the
         epilogue's Clip constants (vectorized since -fno-trapping-math) took a register and GCC kept
         one accumulator on the stack, 1.7x slower on MobileNetV2's 160 -> 960 convs on 7x7."""
-        pin = max(0, min(nv, 15 - r_ * nv))
+        pin = max(0, min(nv, vec.registers - 1 - r_ * nv))
         mk = [f"{vec.attribute}static __attribute__((noinline)) void {fn}_r{r_}(const float *restrict x, size_t kn, "
               "const float *restrict w, const float *init, size_t is, float *out) {"]
-        mk += [f"  {vt} a{r}_{j} = {vec.vload(offset('init', Ix.of('is') * r + j * 8))};"
+        mk += [f"  {vt} a{r}_{j} = {vec.vload(offset('init', Ix.of('is') * r + j * L))};"
                for r in range(r_) for j in range(nv)]
         mk += ["  for (size_t ci = 0; ci < kn; ci++) {",
                f"    const float *restrict xr = x + ci * {OS};",
                f"    const float *restrict wr = w + ci * {cb};"]
-        mk += [f"    {'' if j < pin else 'const '}{vt} w{j} = {vec.vload(offset('wr', j * 8))};" for j in range(nv)]
-        if pin:
-            mk.append('    __asm__("" : ' + ", ".join(f'"+x"(w{j})' for j in range(pin)) + ");")
+        mk += [f"    {'' if j < pin else 'const '}{vt} w{j} = {vec.vload(offset('wr', j * L))};" for j in range(nv)]
+        if pin:  # "x": xmm0-15 (the AVX2 registers), "v": any of AVX-512's 32
+            mk.append('    __asm__("" : ' + ", ".join(f'"+{"x" if tr8 else "v"}"(w{j})' for j in range(pin)) + ");")
         for r in range(r_):
             mk += bcast_fma(vec, r, nv, offset("xr", r), "xb", "w", "    ")
         mk.append("  }")
-        mk += [f"  {vec.vstore(offset('out', r * cb + j * 8), f'a{r}_{j}')};" for r in range(r_) for j in range(nv)]
+        mk += [f"  {vec.vstore(offset('out', r * cb + j * L), f'a{r}_{j}')};" for r in range(r_) for j in range(nv)]
         mk.append("}")
         return mk
 
-    helpers = [vec.include, *micro(R), *(ln for r_ in sorted(set(tail)) for ln in micro(r_)), transpose8(fn)]
+    helpers = [vec.include, *micro(R), *(ln for r_ in sorted(set(tail)) for ln in micro(r_)),
+               *([transpose8(fn)] if tr8 else [])]
     tail_calls = [f"    {fn}_r{r_}(xk + p, kn, wk, init + p * is, is, acc + p * {cb}); p += {r_};" for r_ in tail]
     units = g.n * g.group * nch * nb
     decl, u = split_unit("t", [("blk", nb), ("ch", nch), ("grp", g.group), ("n", g.n)], keep=bool(epi))
@@ -160,8 +175,14 @@ def pointwise_conv(g: Geometry, x: str, packed: str, y: str, target: Target, epi
             "}",
             # Rows of acc past len (the last block of 8) hold stale values; they land in tb past len,
             # which nothing reads.
-            "for (size_t p = 0; p < len; p += 8)",
-            f"  for (size_t j = 0; j < {nv}; j++) {fn}_tr8(acc + p * {cb} + j * 8, {cb}, tb + j * {8 * Q8} + p, {Q8});",
+            *(["for (size_t p = 0; p < len; p += 8)",
+               f"  for (size_t j = 0; j < {nv}; j++) "
+               f"{fn}_tr8(acc + p * {cb} + j * 8, {cb}, tb + j * {8 * Q8} + p, {Q8});"] if tr8 else
+              # AVX-512: a plain transposing copy, so that the epilogue loop below (a Swish's
+              # exp and division) still runs over contiguous floats: run on the strided sums it was
+              # scalar, 2x slower than the rows path on EfficientNet's 7x7 1x1 convs.
+              ["for (size_t i = 0; i < cn; i++)",
+               f"  for (size_t p = 0; p < len; p++) tb[i * {Q8} + p] = acc[p * {cb} + i];"]),
             "for (size_t i = 0; i < cn; i++) {",
             "  const size_t c = c0 + i;",
             f"  float *restrict yr = {offset(y, (n * g.m + 'c') * OS + 's0')};",
