@@ -42,6 +42,7 @@ class Taint:
 
     __hash__ = None  # type: ignore[assignment]
 
+
 @dataclass(frozen=True)
 class Iota:
     """Integers ``i * stride + r`` for sample index ``i`` along ``axis`` and an ``r`` in ``lo..hi`` that
@@ -97,7 +98,7 @@ class _Walk:
     def shape(self, node: onnx.NodeProto, name: str) -> tuple[int, ...]:
         s = self.shapes.get(name)
         if s is None:
-            raise self.refuse(node, f"has a tensor {name!r} whose shape ONNX's shape inference cannot tell")
+            raise self.refuse(node, f"has a tensor {name!r} whose shape shape inference cannot tell")
         return s
 
     def const(self, node: onnx.NodeProto, i: int) -> np.ndarray | None:
@@ -155,6 +156,8 @@ class _Walk:
         masks = [i.mask if isinstance(i, Taint) else np.zeros(self.shapes.get(n) or (), bool)
                  for n, i in zip(node.input, ins, strict=True)]
         try:
+            if op in SHAPE_MOVES and op != "Concat" and any(i is not None for i in ins[1:]):
+                raise ValueError("indices, bounds or a shape computed from the batch size")
             if op in SHAPE_ELEMENTWISE:
                 mask = np.zeros(out, bool) if out is not None else np.zeros((), bool)
                 for m in masks:
@@ -164,10 +167,8 @@ class _Walk:
                 mask = np.take(masks[0], idx.astype(np.int64), axis=_attr(node, "axis", 0))
             elif op == "Concat":
                 mask = np.concatenate(masks, axis=_attr(node, "axis", 0))
-            elif op == "Slice" and all(isinstance(self.consts.get(n), np.ndarray) for n in node.input[1:] if n):
-                mask = _slice(masks[0], *[self.const(node, i) for i in range(1, 5)])
             elif op == "Slice":
-                raise ValueError("bounds not constant")
+                mask = _slice(masks[0], *[self.const(node, i) for i in range(1, 5)])
             else:  # a reshape of a shape value keeps each element
                 mask = masks[0].reshape(out)
             if out is not None and mask.shape != tuple(out):

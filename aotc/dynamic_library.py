@@ -7,6 +7,7 @@ must be one aotc proves per-sample (aotc/dynamic_batch.py). docs/dynamic_shapes.
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Callable
@@ -26,7 +27,7 @@ from aotc.frontends.onnx import import_onnx, load_model
 from aotc.frontends.tensorflow import is_tensorflow_model
 from aotc.passes.counts import expose_counts
 from aotc.passes.pipeline import run_passes
-from aotc.target import resolve
+from aotc.target import Target, resolve
 
 # NAME_ERR_DIM_OUT_OF_RANGE: apart from the static libraries' statuses (aotc.errors.RUN_ERRORS).
 DIM_OUT_OF_RANGE = 16
@@ -206,7 +207,7 @@ def compile_dynamic(model: str | Path | onnx.ModelProto, out_dir: str | Path, na
     say("C compilation")
     with output_errors(out), StagedBuild(out, name) as staged:
         build_id = staged.build(lib, tgt, extra_cflags, progress=lambda line: say(f"C compilation {line}"))
-        meta = _metadata(name, dims, sizes, ins, outs, workspace, build_id, tgt, thread_pool)
+        meta = _metadata(name, dims, sizes, ins, outs, workspace, len(lib.kernels), build_id, tgt, thread_pool)
         staged.commit({f"{name}.json": meta.encode(), f"{name}.cdef": _cdef(name, build_id, thread_pool).encode()})
     times["c_compile"] = time.perf_counter() - t0
     return DynamicResult(out, name, sizes, dims, workspace, build_id, times)
@@ -274,16 +275,14 @@ def _shared_consts(cores: list[str]) -> str:
 
 
 def _metadata(name: str, dims: list[DimInfo], sizes: list[int], ins: list[_DimTensor], outs: list[_DimTensor],
-              workspace: int, build_id: str, tgt, pool: bool) -> str:  # noqa: ANN001 - a Target
-    import json
-
+              workspace: int, kernels: int, build_id: str, tgt: Target, pool: bool) -> str:
     def tensor(t: _DimTensor) -> dict:
         return {"name": t.name, "dtype": t.dtype, "shape": t.shape,
                 "dims": {str(a): d for a, d in enumerate(t.dims) if d >= 0}}
 
     data = {"name": name, "aotc_version": __version__, "dims": [{"name": d.name, "max": d.max} for d in dims],
             "cores": sizes, "inputs": [tensor(t) for t in ins], "outputs": [tensor(t) for t in outs],
-            "workspace_bytes": workspace, "num_kernels": 0, "build_id": build_id, "target_cpu": tgt.cpu,
+            "workspace_bytes": workspace, "num_kernels": kernels, "build_id": build_id, "target_cpu": tgt.cpu,
             "isa": tgt.isa.name, "target": tgt.metadata(), "thread_pool": pool, "profile": False}
     return json.dumps(data, indent=1, sort_keys=True) + "\n"
 

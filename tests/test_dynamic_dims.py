@@ -152,8 +152,7 @@ def test_core_sizes() -> None:
     (batch_mlp, "batch<=6", {"x": (24,)}),
     (small_cnn, "N<=4", {"img": (3, 8, 8)}),
     (attention_block, "ids:0<=3", None),
-    (lambda: attention_block(causal=True), "B<=3", None),
-], ids=["mlp", "cnn", "bert_like", "gpt2_like"])
+], ids=["mlp", "cnn", "bert_like"])  # the GPT-2-like layer: under the sanitizers below
 def test_dynamic_batch_matches_onnxruntime_at_every_size(tmp_path: Path, model, spec: str, inputs) -> None:
     m = model()
     res = compile_dynamic(m, tmp_path, "dyn", [spec])
