@@ -173,6 +173,31 @@ def check_models(work: Path, arch: str) -> list[str]:
     return rows
 
 
+def check_real_models(work: Path, arch: str) -> list[str]:
+    """The real-model tests' architectures (tests/real_models.py, classic export at opset 17) on the GPU
+    against onnxruntime's CPU result at 1e-3."""
+    import real_models as rm
+
+    import aotc
+    from aotc.errors import AotcError
+
+    rows = ["| architecture | max abs error | within 1e-3 |", "|---|---|---|"]
+    for arch_name in rm.ARCHS:
+        try:
+            path, feeds = rm.exported(arch_name, 17, False)
+            want = rm.ort_session(path).run(None, feeds)
+            m = aotc.compile(str(path), out_dir=str(work), name=arch_name, target="cuda", cuda_arch=arch)
+            got = m.run(feeds)
+        except AotcError as e:  # an op without a GPU kernel: reported, not a crash
+            rows.append(f"| {arch_name} | not compiled: {str(e)[:150]} | |")
+            continue
+        err = max(float(np.max(np.abs(g.astype(np.float64) - w))) for g, w in zip(got, want, strict=True))
+        ok = all(rm.close(g, w) for g, w in zip(got, want, strict=True))
+        rows.append(f"| {arch_name} | {err:.2e} | {'yes' if ok else 'NO'} |")
+        print(rows[-1], file=sys.stderr)
+    return rows
+
+
 # -- benchmarks ----------------------------------------------------------------------------------------------
 
 def bench_seed(work: Path, arch: str) -> list[str]:
@@ -320,6 +345,7 @@ def main(argv: list[str] | None = None) -> int:
                 if ok != n:
                     print(f"  {op}: {ok}/{n}")
         print("\n" + "\n".join(check_models(work / "models", args.arch)))
+        print("\nReal models:\n" + "\n".join(check_real_models(work / "real", args.arch)))
     if args.bench:
         print("\nThe seed graph reduce_sum(x + y*z):\n" + "\n".join(bench_seed(work / "seed", args.arch)))
         batches = tuple(int(b) for b in args.batches.split(","))

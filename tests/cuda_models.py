@@ -1,6 +1,6 @@
 """The models the CUDA target is built for in CI (tests/test_cuda_build.py) and run on a GPU
 (benchmarks/cuda.py --check): a small CNN and a Transformer encoder block, written as ONNX exporters
-write them (Conv + BatchNormalization + Relu, MaxPool, a depthwise conv with a residual add,
+write them (Conv + BatchNormalization + Relu, MaxPool, a depthwise conv with a residual add, a 1x1 conv,
 GlobalAveragePool, Gemm; LayerNormalization, Q/K/V projections, heads split by Reshape + Transpose,
 scaled QK^T with an additive mask, Softmax, the erf GELU spelled out)."""
 
@@ -25,7 +25,9 @@ def cnn(batch: int = 2, seed: int = 0) -> onnx.ModelProto:
         helper.make_node("MaxPool", ["r1"], ["p1"], kernel_shape=[2, 2], strides=[2, 2]),
         helper.make_node("Conv", ["p1", "wd"], ["d1"], pads=[1, 1, 1, 1], group=16),  # depthwise
         helper.make_node("Add", ["d1", "p1"], ["res"]),
-        helper.make_node("Conv", ["res", "w2", "b2"], ["c2"], strides=[2, 2], pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["res", "wp"], ["pw"]),  # pointwise (1x1)
+        helper.make_node("Relu", ["pw"], ["pr"]),
+        helper.make_node("Conv", ["pr", "w2", "b2"], ["c2"], strides=[2, 2], pads=[1, 1, 1, 1]),
         helper.make_node("Clip", ["c2", "lo", "hi"], ["r2"]),
         helper.make_node("GlobalAveragePool", ["r2"], ["gap"]),
         helper.make_node("Flatten", ["gap"], ["f"]),
@@ -34,8 +36,8 @@ def cnn(batch: int = 2, seed: int = 0) -> onnx.ModelProto:
     ]
     inits = [init("w1", w(16, 3, 3, 3)), init("b1", w(16)), init("g", 1 + w(16) / 4), init("beta", w(16)),
              init("mu", w(16)), init("var", (1 + np.abs(w(16))).astype(np.float32)), init("wd", w(16, 1, 3, 3)),
-             init("w2", w(32, 16, 3, 3)), init("b2", w(32)), init("lo", np.float32(0)), init("hi", np.float32(6)),
-             init("wf", w(10, 32)), init("bf", w(10))]
+             init("wp", w(16, 16, 1, 1)), init("w2", w(32, 16, 3, 3)), init("b2", w(32)), init("lo", np.float32(0)),
+             init("hi", np.float32(6)), init("wf", w(10, 32)), init("bf", w(10))]
     return make(nodes, [vi("x", [batch, 3, 32, 32])], [vi("y", [batch, 10])], inits)
 
 

@@ -50,7 +50,7 @@ def test_seed_graph_is_one_deterministic_kernel(tmp_path: Path) -> None:
 def test_cnn_builds(tmp_path: Path, tf32: bool) -> None:
     res = _build(cnn(), tmp_path, "cnn", cuda_tf32=tf32, cuda_arch="sm_80" if tf32 else "sm_80,sm_90")
     kinds = [k.kind for k in res.graph.kernels]
-    assert kinds.count("conv") == 3 and "gemm" in kinds
+    assert kinds.count("conv") == 4 and "gemm" in kinds
     kernels = (res.build_dir / "cnn_kernels_0.cu").read_text()
     assert ("nvcuda::wmma::mma_sync" in kernels) == tf32
 

@@ -167,3 +167,27 @@ def emit_gather(k: Kernel, fn: str) -> CudaKernel:
     kernel = _grid_loop(fn, args, names, out.size, idx, body, extra=", int *__restrict__ status")
     kernel.status = True
     return kernel
+
+
+def emit_gather_elements(k: Kernel, fn: str) -> CudaKernel:
+    """out[i] = x[i with its ``axis`` coordinate replaced by indices[i]] (checked as Gather's)."""
+    node = k.root
+    args, names, ptrs = external(k)
+    x, ind, out = node.inputs[0], node.inputs[1], node.outputs[0]
+    axis = norm_axis(node.attr("axis", 0), len(x.shape), node)
+    n = x.shape[axis]
+    if ind.is_const and ((ind.const < -n) | (ind.const >= n)).any():
+        raise Unsupported("a constant index out of range")
+    idx = index_type(k)
+    dims = [f"i{d}" for d in range(len(ind.shape))]
+    at = list(dims)
+    at[axis] = "(size_t)j"
+    body = [*decompose("o", list(ind.shape), dims, idx),
+            f"long long j = (long long){ptrs[id(ind)]}[o];",
+            f"if (j < 0) j += {n};",
+            f"if (j < 0 || j >= {n}) {{ atomicExch(status, {IndexOutOfRangeError.code}); {ptrs[id(out)]}[o] = 0; "
+            "continue; }",
+            f"{ptrs[id(out)]}[o] = {ptrs[id(x)]}[{_source(tuple(x.shape), at)}];"]
+    kernel = _grid_loop(fn, args, names, out.size, idx, body, extra=", int *__restrict__ status")
+    kernel.status = True
+    return kernel

@@ -167,7 +167,7 @@ def emit_conv(k: Kernel, fn: str, tf32: bool) -> CudaKernel:
         lines = [f"__global__ void __launch_bounds__({THREADS}) {fn}({', '.join(params(args, names))}) {{",
                  f"  for ({idx} e = ({idx})blockIdx.x * {THREADS} + threadIdx.x; e < {total}; "
                  f"e += ({idx})gridDim.x * {THREADS}) {{",
-                 f"    const {idx} pos = e % {osp}, mm = (e / {osp}) % {g.m}, nn = e / {osp * g.m};",
+                 f"    const {idx} pos = e % {osp}, mm = (e / {osp}) % {g.m}, nn = e / {osp * g.m}; (void)pos;",
                  f"    const {idx} gg = mm / {mg};",
                  f"    float v = {f'{pbias}[mm]' if pbias else '0.0f'};",
                  f"    for ({idx} c = 0; c < {cg}; c++)",
@@ -183,7 +183,7 @@ def emit_conv(k: Kernel, fn: str, tf32: bool) -> CudaKernel:
 
     sig = f"{idx} z, {idx} i, {idx} kk"
     body_a = [f"const {idx} nn = z / {g.group}, gg = z % {g.group};",
-              f"const {idx} c = kk / {taps}, tap = kk % {taps};",
+              f"const {idx} c = kk / {taps}, tap = kk % {taps}; (void)tap; /* unused by a 1x1 conv */",
               *tap_input("i", "tap"),
               f"return inside ? {px}[(nn * {g.c} + gg * {cg} + c) * {isp} + at] : 0.0f;"]
     body_b = [f"return {pw}[((z % {g.group}) * {mg} + j) * {kdim} + kk];"]

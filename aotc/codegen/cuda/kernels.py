@@ -7,17 +7,33 @@ import re
 
 from aotc.codegen.cuda.attention import emit_attention
 from aotc.codegen.cuda.common import CudaKernel, Unsupported
-from aotc.codegen.cuda.copies import emit_concat, emit_gather, emit_pad, emit_split, emit_tile
+from aotc.codegen.cuda.copies import (
+    emit_concat,
+    emit_gather,
+    emit_gather_elements,
+    emit_pad,
+    emit_split,
+    emit_tile,
+)
 from aotc.codegen.cuda.gemm import emit_conv, emit_matmul
 from aotc.codegen.cuda.loops import emit_loop
-from aotc.codegen.cuda.rows import emit_arg, emit_global_pool, emit_layernorm, emit_pool, emit_softmax
+from aotc.codegen.cuda.rows import (
+    emit_arg,
+    emit_channel_norm,
+    emit_global_pool,
+    emit_layernorm,
+    emit_pool,
+    emit_softmax,
+)
 from aotc.ir.kernel import Kernel
 from aotc.resources import runtime_dir
 
 OP_KERNELS = {"Softmax": emit_softmax, "LogSoftmax": emit_softmax, "LayerNormalization": emit_layernorm,
            "MaxPool": emit_pool, "AveragePool": emit_pool, "GlobalAveragePool": emit_global_pool,
            "GlobalMaxPool": emit_global_pool, "ArgMax": emit_arg, "ArgMin": emit_arg, "Concat": emit_concat,
-           "Split": emit_split, "Pad": emit_pad, "Tile": emit_tile, "Gather": emit_gather, "Attention": emit_attention}
+           "Split": emit_split, "Pad": emit_pad, "Tile": emit_tile, "Gather": emit_gather, "Attention": emit_attention,
+           "GatherElements": emit_gather_elements, "InstanceNormalization": emit_channel_norm,
+           "GroupNormalization": emit_channel_norm}
 
 
 def device_functions() -> set[str]:

@@ -75,6 +75,48 @@ def emit_softmax(k: Kernel, fn: str) -> CudaKernel:
     return CudaKernel(fn, "\n".join(lines) + "\n", args, str(ceil_div(rows, WARPS)))
 
 
+def _normalize(n: int, idx: str, x: str, y: str, term: str, eps: str) -> list[str]:
+    """A warp's row of ``n`` elements: the mean, the variance as the mean of squared deviations (two passes,
+    as the C kernels), then ``y = term`` (of v, mean, inv) for each element ``i``; ``x`` reads element i."""
+    count = c_literal(float(n), "float")
+    return ["  float sum = 0.0f;",
+            f"  for ({idx} i = lane; i < {n}; i += 32) sum += {x};",
+            "  " + _warp_sum("sum"),
+            f"  const float mean = sum / {count};",
+            "  float sq = 0.0f;",
+            f"  for ({idx} i = lane; i < {n}; i += 32) {{ const float d = {x} - mean; sq += d * d; }}",
+            "  " + _warp_sum("sq"),
+            f"  const float inv = 1.0f / sqrtf(sq / {count} + {eps});",
+            f"  for ({idx} i = lane; i < {n}; i += 32) {{ const float v = {x}; {y} = {term}; }}"]
+
+
+def emit_channel_norm(k: Kernel, fn: str) -> CudaKernel:
+    """InstanceNormalization (a row per (n, c) plane) and GroupNormalization (a row per (n, group))."""
+    node = k.root
+    x = node.inputs[0]
+    if x.dtype != np.float32 or 0 in x.shape or len(x.shape) < 3:
+        raise Unsupported(f"{node.op} on {x.dtype}{list(x.shape)}")
+    args, names, ptrs = external(k)
+    idx = index_type(k)
+    c, spatial = x.shape[1], int(np.prod(x.shape[2:]))
+    ps, pb = ptrs[id(node.inputs[1])], ptrs[id(node.inputs[2])]
+    if node.op == "InstanceNormalization":
+        rows, n, ch = x.shape[0] * c, spatial, f"row % {c}"
+    else:
+        g = int(node.attr("num_groups"))
+        per = c // g
+        rows, n = x.shape[0] * g, per * spatial
+        # Opset 18 gave one scale/bias per group (the ambiguity opset 21 removed).
+        ch = f"row % {g}" if node.attr("_opset", 21) < 21 and node.inputs[1].shape[0] == g else \
+            f"(row % {g}) * {per} + i / {spatial}"
+    eps = c_literal(float(node.attr("epsilon", 1e-5)), "float")
+    pin, pout = ptrs[id(x)], ptrs[id(node.outputs[0])]
+    lines = [_head(fn, args, names), *_row_start(rows, idx),
+             *_normalize(n, idx, f"{pin}[row * {n} + i]", f"{pout}[row * {n} + i]",
+                         f"(v - mean) * inv * {ps}[{ch}] + {pb}[{ch}]", eps), "}"]
+    return CudaKernel(fn, "\n".join(lines) + "\n", args, str(ceil_div(rows, WARPS)))
+
+
 def emit_layernorm(k: Kernel, fn: str) -> CudaKernel:
     """Mean, then the variance as the mean of squared deviations (two passes, as the CPU kernel), then the
     normalized row times scale plus bias; Mean and InvStdDev outputs when the node has them."""
@@ -113,18 +155,8 @@ def emit_layernorm(k: Kernel, fn: str) -> CudaKernel:
     if len(outs) > 2 and outs[2]:
         extra.append(f"{outs[2]}[row] = inv;")
     lines = [helper + _head(fn, args, names), *_row_start(rows, idx),
-             "  float sum = 0.0f;",
-             f"  for ({idx} i = lane; i < {n}; i += 32) sum += {call};",
-             "  " + _warp_sum("sum"),
-             f"  const float mean = sum / {c_literal(float(n), 'float')};",
-             "  float sq = 0.0f;",
-             f"  for ({idx} i = lane; i < {n}; i += 32) {{ const float d = {call} - mean; sq += d * d; }}",
-             "  " + _warp_sum("sq"),
-             f"  const float inv = 1.0f / sqrtf(sq / {c_literal(float(n), 'float')} + {eps});",
-             f"  for ({idx} i = lane; i < {n}; i += 32) {{ const float v = {call}; "
-             f"{outs[0]}[row * {n} + i] = {term}; }}",
-             *(f"  if (lane == 0) {{ {e} }}" for e in extra),
-             "}"]
+             *_normalize(n, idx, call, f"{outs[0]}[row * {n} + i]", term, eps),
+             *(f"  if (lane == 0) {{ {e} }}" for e in extra), "}"]
     return CudaKernel(fn, "\n".join(lines) + "\n", args, str(ceil_div(rows, WARPS)))
 
 
