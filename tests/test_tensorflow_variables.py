@@ -53,6 +53,17 @@ def test_config_variables_are_updated_as_tensorflow_updates_them(fx, tmp_path):
     assert "int g_run(const float *x, float *w, float *b, const float *cee, float *y, void *workspace);" in header
 
 
+def test_tf1_reference_variables_are_updated_in_place(fx, tmp_path):
+    data = np.load(fx / "ref.npz")
+    cfg = config(tmp_path, 'fetch { id { node_name: "y" } } variable { node_name: "v" }')
+    model = aotc.load(compile_model(fx / "ref.pb", tmp_path, "ref", config=cfg).prefix)
+    v = np.arange(3, dtype=np.float32)  # the initializer's value
+    for i in range(2):
+        (y,) = model.run({"x": data[f"x_{i}"], "v": v})
+        np.testing.assert_array_equal(y, data[f"y_{i}"])
+        np.testing.assert_array_equal(v, data[f"v_{i}"])
+
+
 def test_saved_model_variables_to_feed_are_updated_in_place(fx, tmp_path):
     data = np.load(fx / "module.npz")
     result = compile_model(fx / "module_saved_model", tmp_path, "mod", variables_to_feed=["all"])

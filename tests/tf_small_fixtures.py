@@ -9,6 +9,8 @@ TensorFlow; ``small_fixtures_dir`` caches the result under a directory keyed by 
   AssignSubVariableOp and reads the variables before and after them; ``c`` is only read. ``graph.npz``
   holds the feeds of two session runs, ``y`` of each, the variables' initial values and their values
   after each run.
+- ``ref.pb``: the same pattern with a TF1 reference variable (VariableV2, Assign/AssignAdd, reads as
+  Identity); ``ref.npz`` the fetch and the variable after each of two runs.
 - ``module_saved_model/``: a tf.Module whose tf.function signature ``step`` assigns, adds to and
   subtracts from its variables; ``module.npz`` the same for two calls of the reloaded signature.
 - ``train_saved_model/``: a softmax regression's training step (GradientTape through sparse and dense
@@ -83,6 +85,29 @@ def _graph(out: Path) -> None:
                     arrays[f"{k}_{i}"] = sess.run(v.read_value())
     (out / "graph.pb").write_bytes(g.as_graph_def().SerializeToString())
     np.savez(out / "graph.npz", **arrays)
+
+
+def _ref(out: Path) -> None:
+    import numpy as np
+    import tensorflow as tf
+
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [3], name="x")
+        v = tf.compat.v1.Variable(np.arange(3, dtype=np.float32), name="v", use_resource=False)
+        old = tf.identity(v) * 1.0
+        with tf.control_dependencies([old]):
+            new = tf.compat.v1.assign_add(v, x)
+        with tf.control_dependencies([new]):
+            tf.identity(old + new * 2.0, name="y")
+        arrays = {}
+        with tf.compat.v1.Session(graph=g) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            for i in range(2):
+                arrays[f"x_{i}"] = np.full(3, i + 1, np.float32)
+                arrays[f"y_{i}"], arrays[f"v_{i}"] = sess.run(["y:0", v], {x: arrays[f"x_{i}"]})
+    (out / "ref.pb").write_bytes(g.as_graph_def().SerializeToString())
+    np.savez(out / "ref.npz", **arrays)
 
 
 def _module(out: Path) -> None:
@@ -190,6 +215,7 @@ if __name__ == "__main__":
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
     _graph(Path(sys.argv[1]))
+    _ref(Path(sys.argv[1]))
     _module(Path(sys.argv[1]))
     _train(Path(sys.argv[1]))
     _dilated(Path(sys.argv[1]))
