@@ -328,3 +328,20 @@ def test_gradients_of_a_model_exported_by_pytorch(tmp_path) -> None:
     loss = F.nll_loss(module(xt), torch.tensor(feeds["labels"]))
     loss.backward()
     _compare(got, loss, {names[0]: xt, **dict(module.named_parameters())})
+
+
+def test_softmax_before_opset_13_normalizes_the_flattened_tail(tmp_path) -> None:
+    rng = np.random.default_rng(5)
+    r = rng.standard_normal((2, 3, 4)).astype(np.float32)
+    nodes = [helper.make_node("Softmax", ["x"], ["s"], axis=1), helper.make_node("LogSoftmax", ["x"], ["l"], axis=2),
+             helper.make_node("Add", ["s", "l"], ["y"]), helper.make_node("Mul", ["y", "r"], ["m"]),
+             helper.make_node("ReduceSum", ["m"], ["loss"], keepdims=0)]
+    graph = _with_gradients(_model(nodes, [_vi("x", [2, 3, 4])], [numpy_helper.from_array(r, "r")], opset=11),
+                            ["x"], "sm11")
+    x = rng.standard_normal((2, 3, 4)).astype(np.float32)
+    got = aotc.compile(graph, tmp_path, name="sm11").run({"x": x})
+    p = _torch({"x": x})
+    flat = p["x"].reshape(2, 12).softmax(1).reshape(2, 3, 4)
+    loss = ((flat + p["x"].reshape(2, 3, 4).log_softmax(2)) * torch.tensor(r, dtype=torch.float64)).sum()
+    loss.backward()
+    _compare(got, loss, p)
