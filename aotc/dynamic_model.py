@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from aotc.bindings import CompiledModel, TensorSpec, ThreadPool
-from aotc.errors import RunError, run_error
+from aotc.errors import AotcError, RunError, run_error
 
 
 class DimOutOfRangeError(RunError):
@@ -98,4 +98,5 @@ class DynamicModel(CompiledModel):
         return np.ascontiguousarray(x)
 
     def profile(self, *args: object, **kwargs: object):  # noqa: ANN201
-        raise NotImplementedError("profiling a --dynamic library is not supported; profile a static compile")
+        raise AotcError(f"{self.name} was compiled with --dynamic, which has no profiling build: profile a "
+                        "compile for one size")

@@ -314,8 +314,14 @@ def test_cli_compiles_a_dynamic_library(tmp_path: Path, capsys: pytest.CaptureFi
     x = _f32(2, 24, scale=1)
     np.testing.assert_allclose(aotc.load(tmp_path / "out" / "m").run({"x": x})[0], ort_run(m, {"x": x})[0],
                                rtol=1e-5, atol=1e-5)
+    np.save(tmp_path / "x.npy", x)
+    assert main(["run", str(tmp_path / "out" / "m"), "--input", f"x={tmp_path / 'x.npy'}", "--output-dir",
+                 str(tmp_path / "y")]) == 0
+    np.testing.assert_allclose(np.load(tmp_path / "y" / "logits.npy"), ort_run(m, {"x": x})[0], rtol=1e-5, atol=1e-5)
+    assert main(["profile", str(tmp_path / "out" / "m"), "--input", f"x={tmp_path / 'x.npy'}"]) == 1
     assert main(["compile", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "out"), "--dynamic", "batch<32"]) == 1
-    assert "expected DIM<=MAX" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "has no profiling build" in err and "expected DIM<=MAX" in err
 
 
 # -- what the analysis refuses (no C compile) ------------------------------------------------------------
