@@ -1011,7 +1011,8 @@ register(OpDef("EyeLike", "kernel", _eyelike_infer, fold=_eyelike_fold, emit=_ey
 
 
 # -- Einsum: a plain loop nest over every index letter -----------------------------------------------------
-def _einsum_parse(node: Node) -> tuple[list[str], str, dict[str, int]]:
+def einsum_terms(node: Node) -> tuple[list[str], str, dict[str, int]]:
+    """(each operand's indices with any ellipsis spelled out, the output's, each index's size)."""
     eq = node.attr("equation").replace(" ", "")
     lhs, _, rhs = eq.partition("->")
     terms = lhs.split(",")
@@ -1044,12 +1045,12 @@ def _einsum_parse(node: Node) -> tuple[list[str], str, dict[str, int]]:
 
 
 def _einsum_infer(node: Node):
-    _terms, rhs, sizes = _einsum_parse(node)
+    _terms, rhs, sizes = einsum_terms(node)
     return [(tuple(sizes[c] for c in rhs), _in(node).dtype)]
 
 
 def _einsum_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
-    terms, rhs, sizes = _einsum_parse(node)
+    terms, rhs, sizes = einsum_terms(node)
     summed = [c for c in sizes if c not in rhs]
     n_out = math.prod([sizes[c] for c in rhs])
     lines = [f"for (size_t e = task; e < {n_out}; e += ntasks) {{"]

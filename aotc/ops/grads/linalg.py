@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from aotc.errors import AotcError
 from aotc.ir.graph import Node, Value
 from aotc.ops.grads.builder import GradBuilder, Grads, rule
+from aotc.ops.index import einsum_terms
 
 
 def _rows(b: GradBuilder, v: Value) -> Value:
@@ -79,3 +81,31 @@ def _gemm(b: GradBuilder, node: Node, dys: Grads, needs: list[bool]) -> Grads:
         assert c is not None
         gc = b.sum_to(b.scale(g, beta), c.shape)
     return [ga, gw, gc]
+
+
+@rule("Einsum")
+def _einsum(b: GradBuilder, node: Node, dys: Grads, needs: list[bool]) -> Grads:
+    """d operand i = an Einsum of the cotangent with the other operands onto i's indices; indices only i
+    has were summed in the forward and come back by broadcasting, i's broadcast (size-1) axes are summed."""
+    g = dys[0]
+    assert g is not None
+    terms, rhs, _ = einsum_terms(node)
+    grads: Grads = []
+    for i, (t, v, need) in enumerate(zip(terms, node.inputs, needs, strict=True)):
+        assert v is not None
+        if not need:
+            grads.append(None)
+            continue
+        if len(set(t)) != len(t):
+            raise AotcError(f"Einsum node {node.name!r}: no gradient for term {t!r}, which repeats an index")
+        others = [(u, w) for j, (u, w) in enumerate(zip(terms, node.inputs, strict=True)) if j != i]
+        keep = [c for c in t if c in rhs or any(c in u for u, _ in others)]
+        r = b.op("Einsum", g, *(w for _, w in others),
+                 equation=",".join([rhs, *(u for u, _ in others)]) + "->" + "".join(keep))
+        # In t's order (1 where i alone had the index), summed where i was broadcast, then broadcast
+        # back where the product was (an index only a broadcast operand has comes out of length 1).
+        at = dict(zip(keep, r.shape, strict=True))
+        r = b.reshape(r, [at.get(c, 1) for c in t])
+        r = b.reduce_sum(r, [k for k, c in enumerate(t) if at.get(c, 1) != 1 and v.shape[k] == 1])
+        grads.append(b.expand(r, v.shape))
+    return grads
