@@ -83,7 +83,7 @@ class DynamicResult:
         return self.out_dir / self.name
 
 
-def _dynamic_inputs(model: onnx.ModelProto, dim: str) -> dict[str, int]:
+def dynamic_inputs(model: onnx.ModelProto, dim: str) -> dict[str, int]:
     """Input name -> axis of the dimension ``dim`` (a symbolic name, or INPUT:AXIS)."""
     constants = {i.name for i in model.graph.initializer}
     inputs = [vi for vi in model.graph.input if vi.name not in constants]
@@ -106,7 +106,7 @@ def _dynamic_inputs(model: onnx.ModelProto, dim: str) -> dict[str, int]:
             raise AotcError(f"--dynamic {dim}: axis {axis % rank} of {name!r} is fixed at {d.dim_value} by the model")
         found[name] = axis % rank
         if d.dim_param:  # the inputs sharing its symbol vary with it
-            found.update(_dynamic_inputs(model, d.dim_param))
+            found.update(dynamic_inputs(model, d.dim_param))
     if not found:
         symbols = sorted({d.dim_param for vi in inputs for d in vi.type.tensor_type.shape.dim if d.dim_param})
         raise AotcError(f"--dynamic {dim}: the model's inputs have no dimension {dim!r} (symbolic dimensions: "
@@ -167,7 +167,7 @@ def compile_dynamic(model: str | Path | onnx.ModelProto, out_dir: str | Path, na
     proto = model if isinstance(model, onnx.ModelProto) else load_model(model)
     source = Path(model).name if not isinstance(model, onnx.ModelProto) else "<model>"
     shapes = dict(input_shapes or {})
-    inputs = _dynamic_inputs(proto, dim)
+    inputs = dynamic_inputs(proto, dim)
     batch_axes(proto, inputs, {k: v for k, v in shapes.items() if k not in inputs})
     times["analysis"] = time.perf_counter() - t0
 

@@ -32,6 +32,7 @@ from aotc.bindings import CompiledModel, ThreadPool, load
 from aotc.cache import DEFAULT_MAX_BYTES, LibraryCache
 from aotc.compiler import _default_name, aotc_sources, compile_model
 from aotc.config import Config, load_config
+from aotc.dynamic_library import compile_dynamic, dynamic_inputs, parse_dynamic
 from aotc.errors import AotcError
 from aotc.frontends.tensorflow import is_tensorflow_model, tensorflow_model_files
 from aotc.target import Target, resolve
@@ -39,6 +40,8 @@ from aotc.target import Target, resolve
 # compile_model's options that the jit passes on (the others name output files or test programs).
 OPTIONS = frozenset({"config", "target", "target_cpu", "target_features", "sysroot", "extra_cflags",
                      "profile", "thread_pool", "tag_set", "signature", "variables_to_feed"})
+# Those that also apply with ``dynamic`` (aotc.dynamic_library.compile_dynamic).
+DYNAMIC_OPTIONS = frozenset({"target", "target_cpu", "target_features", "sysroot", "extra_cflags", "thread_pool"})
 _ENV = ("CC", "CFLAGS", "LDFLAGS", "AR")
 
 Signature = tuple[tuple[str, tuple[int, ...]], ...]
@@ -50,10 +53,14 @@ class JitModel:
 
     def __init__(self, model: str | Path | onnx.ModelProto, *, name: str | None = None, threads: int = 1,
                  cache_dir: str | Path | None = None, max_cache_bytes: int | None = DEFAULT_MAX_BYTES,
-                 memory_entries: int = 8, **options: object) -> None:
-        unknown = sorted(set(options) - OPTIONS)
+                 memory_entries: int = 8, dynamic: str | None = None, **options: object) -> None:
+        allowed = DYNAMIC_OPTIONS if dynamic else OPTIONS
+        unknown = sorted(set(options) - allowed)
         if unknown:
-            raise TypeError(f"aotc.jit: unknown option(s) {', '.join(unknown)}; it takes {', '.join(sorted(OPTIONS))}")
+            raise TypeError(f"aotc.jit: unknown option(s) {', '.join(unknown)}"
+                            f"{' with dynamic' if dynamic else ''}; it takes {', '.join(sorted(allowed))}")
+        # One library for every size of a batch dimension (aotc compile --dynamic) instead of one per size.
+        self.dynamic = parse_dynamic(dynamic) if dynamic else None
         if memory_entries < 1:
             raise ValueError(f"memory_entries must be >= 1, got {memory_entries}")
         self.model = model if isinstance(model, onnx.ModelProto) else Path(model)
@@ -92,6 +99,12 @@ class JitModel:
     def compiled(self, feeds: Mapping[str, object]) -> CompiledModel:
         """The library for the shapes of ``feeds`` (by input name), loaded or compiled."""
         sig: Signature = tuple(sorted((k, tuple(int(d) for d in np.shape(v))) for k, v in feeds.items()))
+        if self.dynamic is not None:  # the batch's size is the run's, not the library's
+            varies = self._batch_inputs()
+            (dim, bound), sizes = self.dynamic, {s[0] for k, s in sig if k in varies and s}
+            if any(not 1 <= n <= bound for n in sizes):
+                raise ValueError(f"{self.name}: {dim!r} is {sorted(sizes)}, outside 1..{bound} (the dynamic bound)")
+            sig = tuple((k, (-1, *s[1:]) if k in varies and s else s) for k, s in sig)
         with self._lock:
             hit = self._memory.get(sig)
             if hit is not None:
@@ -117,13 +130,19 @@ class JitModel:
             "shapes": sorted((k, list(s)) for k, s in shapes.items()), "options": self._options_key(),
             "target": tgt.metadata(), "cc": _compiler_version(tgt.cc),
             "cpu": _cpu_model() if tgt.cpu == "native" else None,
-            "env": {k: os.environ.get(k) for k in _ENV},
+            "env": {k: os.environ.get(k) for k in _ENV}, "dynamic": self.dynamic,
         }
         text = json.dumps(described, sort_keys=True, default=repr)
         return hashlib.sha256(text.encode()).hexdigest()[:32]
 
     def _build(self, directory: Path, shapes: dict[str, tuple[int, ...]]) -> None:
-        compile_model(self.model, directory, self.name, input_shapes=shapes, **self.options)  # type: ignore[arg-type]
+        if self.dynamic is not None:
+            dim, bound = self.dynamic
+            shapes = {k: (1, *s[1:]) if s and s[0] == -1 else s for k, s in shapes.items()}
+            compile_dynamic(self.model, directory, self.name, [f"{dim}<={bound}"], input_shapes=shapes,
+                            **self.options)  # type: ignore[arg-type]
+        else:
+            compile_model(self.model, directory, self.name, input_shapes=shapes, **self.options)  # type: ignore[arg-type]
         # Only what loading needs stays: the build tree and the static library are for linking.
         shutil.rmtree(directory / ".aotc", ignore_errors=True)
         (directory / f"lib{self.name}.a").unlink(missing_ok=True)
@@ -153,6 +172,11 @@ class JitModel:
         proto = self._proto()
         constants = {i.name for i in proto.graph.initializer}
         return [i.name for i in proto.graph.input if i.name not in constants]
+
+    def _batch_inputs(self) -> set[str]:
+        """The inputs that have the ``dynamic`` dimension."""
+        assert self.dynamic is not None
+        return set(dynamic_inputs(self._proto(), self.dynamic[0]))
 
     def _pinned(self, name: str) -> bool:
         """Whether the feed ``name`` is a graph input whose shape the compile takes from the feed (a
@@ -216,16 +240,18 @@ class JitModel:
 
 def jit(model: str | Path | onnx.ModelProto, *, name: str | None = None, threads: int = 1,
         cache_dir: str | Path | None = None, max_cache_bytes: int | None = DEFAULT_MAX_BYTES,
-        memory_entries: int = 8, **options: object) -> JitModel:
+        memory_entries: int = 8, dynamic: str | None = None, **options: object) -> JitModel:
     """A callable that compiles ``model`` on first use for the shapes of its feeds:
     ``m = aotc.jit("model.onnx"); y, = m(x=batch_of_4); y, = m(x=batch_of_9)`` compiles twice.
 
     ``cache_dir``: where libraries are kept (default ``$AOTC_CACHE_DIR``, else ``~/.cache/aotc``);
     ``max_cache_bytes``: its size limit (None: none), enforced least recently used first;
     ``memory_entries``: how many libraries stay loaded; ``threads`` as in ``aotc.load``; ``options``:
-    ``compile_model``'s target and model options (``config``, ``target_cpu``, ``extra_cflags``, ...)."""
+    ``compile_model``'s target and model options (``config``, ``target_cpu``, ``extra_cflags``, ...).
+    ``dynamic="batch<=32"``: compile one library for every size of that batch dimension
+    (``aotc compile --dynamic``, docs/dynamic_shapes.md) instead of one per size."""
     return JitModel(model, name=name, threads=threads, cache_dir=cache_dir, max_cache_bytes=max_cache_bytes,
-                    memory_entries=memory_entries, **options)
+                    memory_entries=memory_entries, dynamic=dynamic, **options)
 
 
 def _stamp(files: list[Path]) -> tuple:

@@ -175,6 +175,22 @@ def test_least_recently_used_entries_are_evicted(model_file: Path, tmp_path: Pat
     assert small.compiles == 2
 
 
+def test_dynamic_compiles_one_library_for_every_batch_size(model_file: Path, tmp_path: Path) -> None:
+    f = aotc.jit(model_file, cache_dir=tmp_path / "cache", dynamic="batch<=4")
+    rng = np.random.default_rng(2)
+    for batch in (2, 4, 1, 3):
+        x = rng.standard_normal((batch, 16)).astype(np.float32)
+        np.testing.assert_allclose(f(x=x)[0], ort_run(symbolic_mlp(), {"x": x})[0], rtol=1e-5, atol=1e-5)
+    assert f.compiles == 1
+    with pytest.raises(ValueError, match="outside 1..4"):
+        f(x=np.zeros((5, 16), np.float32))
+    g = aotc.jit(model_file, cache_dir=tmp_path / "cache", dynamic="batch<=4")
+    g(x=np.zeros((3, 16), np.float32))
+    assert (g.compiles, g.disk_hits) == (0, 1)
+    with pytest.raises(TypeError, match="unknown option.*config.*with dynamic"):
+        aotc.jit(model_file, dynamic="batch<=4", config="c.pbtxt")
+
+
 def test_the_key_follows_model_shapes_and_options(model_file: Path, tmp_path: Path) -> None:
     base = aotc.jit(model_file, cache_dir=tmp_path)
     key = base.key({"x": (2, 16)})
