@@ -114,7 +114,7 @@ def dynamic_inputs(model: onnx.ModelProto, dim: str) -> dict[str, int]:
     for name, axis in found.items():
         if axis != 0:
             raise AotcError(f"--dynamic {dim}: it is axis {axis} of input {name!r}; aotc splits a batch on axis 0 "
-                            "only (docs/dynamic_shapes.md)")
+                            "only (docs/dynamic_shapes.md; aotc.jit compiles one library per shape instead)")
     return found
 
 
