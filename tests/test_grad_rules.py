@@ -121,10 +121,16 @@ def test_shape_gradients(tmp_path) -> None:
         case("tile", "Tile", [rand(2, 3), "r"], lambda x, r: x.repeat(2, 3), consts={"r": _i64(2, 3)}),
         case("pad", "Pad", [rand(2, 3), "p", "v"], lambda x, *_: F.pad(x, (2, 0, 1, 1)),
              consts={"p": _i64(1, 2, 1, 0), "v": np.array(0.0)}),
+        case("gather_elements", "GatherElements", [rand(3, 4), "i"],
+             lambda x, i: torch.gather(x, 1, i), consts={"i": np.array([[0, 3, 3], [1, 1, 0], [2, 0, 1]])}, axis=1),
         case("gather_rows", "Gather", [rand(5, 3), "i"], lambda x, i: x[i], consts={"i": _i64(0, 3, 3, 1)}),
         case("gather_axis1", "Gather", [rand(2, 4, 3), "i"], lambda x, i: x[:, [[3, 0]]],
              consts={"i": _i64(-1, 0).reshape(1, 2)}, axis=1),
     ]
+    top = case("top_k", "TopK", [rand(3, 6), "k"], lambda x, k: torch.topk(x, 2, 1).values, consts={"k": _i64(2)},
+               n_out=2)
+    top.outputs.pop()  # the indices carry no gradient
+    cases.append(top)
     check_gradients(cases, tmp_path)
 
 

@@ -167,3 +167,48 @@ def _tile(b: GradBuilder, node: Node, dys: Grads, needs: list[bool]) -> Grads:
     reps = [int(r) for r in const_input(node, 1, "repeats").reshape(-1)]
     split = b.reshape(g, [v for r, d in zip(reps, x.shape, strict=True) for v in (r, d)])
     return [b.reshape(b.reduce_sum(split, list(range(0, 2 * len(reps), 2))), x.shape), None]
+
+
+def _elements_grad_infer(node: Node):
+    return [(tuple(node.attrs["shape"]), node.inputs[0].dtype)]
+
+
+def _elements_grad_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
+    """dX[..., k, ...] += dY[..., j, ...] for k = indices[..., j, ...] along ``axis``, the other coordinates
+    shared by X, Y and the indices; one task (a scatter with collisions, for ops rarely on a gradient path)."""
+    shape, axis = node.attrs["shape"], node.attrs["axis"]
+    idx = node.inputs[1]
+    rank = len(shape)
+    size = int(np.prod(shape))
+    lines = ["if (task != 0) return;", "(void)ntasks;", f"for (size_t i = 0; i < {size}; i++) {outs[0]}[i] = 0;",
+             f"for (size_t e = 0; e < {idx.size}; e++) {{", "  size_t rest = e, at = 0;"]
+    for a in reversed(range(rank)):
+        stride = int(np.prod(shape[a + 1:]))
+        if a == axis:
+            lines += [f"  int64_t k = (int64_t){ins[1]}[e];", f"  if (k < 0) k += {shape[a]};",
+                      f"  if (k < 0 || k >= {shape[a]}) continue;  /* the forward op stopped the run already */",
+                      f"  at += (size_t)k * {stride}; rest /= {idx.shape[a]};"]
+        else:
+            lines.append(f"  at += rest % {idx.shape[a]} * {stride}; rest /= {idx.shape[a]};")
+    lines += ["  (void)rest;", f"  {outs[0]}[at] += {ins[0]}[e];", "}"]
+    return "\n".join(lines)
+
+
+register(OpDef("aotc.GatherElementsGrad", "kernel", _elements_grad_infer, emit=_elements_grad_emit))
+
+
+@rule("GatherElements")
+def _gather_elements(b: GradBuilder, node: Node, dys: Grads, needs: list[bool]) -> Grads:
+    x, idx, g = node.inputs[0], node.inputs[1], dys[0]
+    assert x is not None and idx is not None and g is not None
+    axis = norm_axis(int(node.attr("axis", 0)), len(x.shape), node)
+    return [b.op("aotc.GatherElementsGrad", g, idx, shape=list(x.shape), axis=axis), None]
+
+
+@rule("TopK")
+def _top_k(b: GradBuilder, node: Node, dys: Grads, needs: list[bool]) -> Grads:
+    """The values are the input gathered at the indices output along the axis."""
+    x, g = node.inputs[0], dys[0]
+    assert x is not None and g is not None
+    axis = norm_axis(int(node.attr("axis", -1)), len(x.shape), node)
+    return [b.op("aotc.GatherElementsGrad", g, node.outputs[1], shape=list(x.shape), axis=axis), None]
