@@ -54,6 +54,12 @@ def interleaved_medians(fns: dict[str, Callable[[], object]], min_iters: int, mi
     On a shared machine the load changes over seconds; timing one runtime for two seconds and then
     the next hands each a different machine. Alternating short slices spreads the noise over all of
     them alike, so the ratios stay meaningful even when the absolute times are not."""
+    return {k: statistics.median(v) for k, v in interleaved_times(fns, min_iters, min_time, rounds).items()}
+
+
+def interleaved_times(fns: dict[str, Callable[[], object]], min_iters: int, min_time: float,
+                      rounds: int = 5) -> dict[str, list[float]]:
+    """Every call's seconds, timed as ``interleaved_medians`` times them."""
     times: dict[str, list[float]] = {k: [] for k in fns}
     for fn in fns.values():
         for _ in range(3):
@@ -70,7 +76,7 @@ def interleaved_medians(fns: dict[str, Callable[[], object]], min_iters: int, mi
             # Let the thread pools that spin after their work (OpenBLAS for ~0.1 s) go to sleep, so
             # they do not take a core from the next runtime's slice.
             time.sleep(0.2)
-    return {k: statistics.median(v) for k, v in times.items()}
+    return times
 
 
 @dataclass
@@ -394,6 +400,9 @@ Notes:
 - TensorFlow models (Keras MobileNetV2 and a BERT-like block from their frozen GraphDefs, beside
   TensorFlow itself and the tf2onnx path) are in [benchmarks_tensorflow.md](benchmarks_tensorflow.md),
   written by `benchmarks/tensorflow.py`.
+- Training steps (`aotc compile --train`: the MLP 784-512-512-10 and a small CNN at batch 64, SGD and
+  Adam, 1 and 2 threads, beside PyTorch eager and `torch.compile`) are in
+  [benchmarks_training.md](benchmarks_training.md), written by `benchmarks/training.py`.
 """
 
 
