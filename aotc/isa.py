@@ -28,6 +28,65 @@ static inline void aotc_v4f_store(float *p, aotc_v4f v) { memcpy(p, &v, sizeof v
 
 
 @dataclass(frozen=True)
+class Int8Dot:
+    """One way to add the four-way dot products of unsigned by signed bytes into 32-bit lanes (x86's
+    ``vpdpbusd``), which the int8 convolutions (``aotc/ops/int8_conv.py``) are built on.
+
+    ``ops`` spell, over ``p`` (a pointer), ``a`` (int32 accumulators), ``u`` (bytes read as unsigned),
+    ``s`` (bytes read as signed) and ``x`` (an int or float): zero, load, store (unaligned), bcast4 (the
+    4 bytes at ``p`` in every 32-bit lane), dot (a statement adding the dot products to ``a``; never
+    saturating), set1i
+    and set1f (``x`` in every lane), and requant: ``a`` plus the int32s at ``c``, converted to float,
+    times the floats at ``m``, clamped to the vectors ``lo`` and ``hi``, rounded to nearest even and
+    plus the int32 vector ``z``: onnxruntime's requantization, instruction for instruction."""
+
+    name: str
+    macros: tuple[str, ...]  # predefined macros, all of which the instructions need
+    lanes: int               # int32 lanes per vector
+    vtype: str               # the int32 vector type
+    ftype: str               # the float vector type of the same width
+    # Register tile of the int8 conv: blocks of 16 output channels by output pixels, within the registers.
+    tile_blocks: int
+    tile_pixels: int
+    ops: dict[str, str] = field(repr=False, hash=False)
+    helpers: str = ""        # C definitions the spellings call
+
+
+def _int8_x86(name: str, bits: int, macros: tuple[str, ...], dot: str, tile: tuple[int, int],
+              helpers: str = "") -> Int8Dot:
+    mm, si = f"_mm{bits}", f"si{bits}"
+    load = f"{mm}_loadu_{si}((const void *)({{p}}))"
+    scaled = f"{mm}_mul_ps({mm}_cvtepi32_ps({mm}_add_epi32({{a}}, {load.format(p='{c}')})), {mm}_loadu_ps({{m}}))"
+    return Int8Dot(name, macros, bits // 32, f"__m{bits}i", f"__m{bits}", *tile,
+                   ops=dict(zero=f"{mm}_setzero_{si}()", load=load,
+                            store=f"{mm}_storeu_{si}((void *)({{p}}), {{a}})",
+                            bcast4=f"{mm}_set1_epi32(aotc_i8_word({{p}}))", dot=dot,
+                            set1i=f"{mm}_set1_epi32({{x}})", set1f=f"{mm}_set1_ps({{x}})",
+                            requant=f"{mm}_add_epi32({mm}_cvtps_epi32({mm}_min_ps({mm}_max_ps({scaled}, {{lo}}), "
+                                    f"{{hi}})), {{z}})"),
+                   helpers=helpers)
+
+
+# Without VNNI: the same sums, exact, from vpmaddwd on bytes widened to 16 bits (even and odd bytes
+# apart): vpmaddubsw, which onnxruntime's AVX2 path uses, saturates pairs of u8*s8 products at 16 bits.
+# vpdpbusd as inline assembly: GCC 12 copies the accumulator of its intrinsic to another register and
+# back to the stack at every use (a tile of 24 ran at a tenth of the speed); clang compiles either
+# well. The AVX-VNNI form is VEX-encoded ("%{vex%}": braces are dialect marks in GCC asm), so its
+# registers are the first 16 ("x").
+def _asm(instruction: str, reg: str) -> str:
+    return f'__asm__("{instruction} %2, %1, %0" : "+{reg}"({{a}}) : "{reg}"({{u}}), "{reg}"({{s}}));'
+
+
+# A macro, as the kernels that use it are single functions (arguments are plain variables).
+def _dot_emulated(bits: int) -> str:
+    mm = f"_mm{bits}"
+    return (f"#define aotc_i8_dot{bits}(a, u, s) {mm}_add_epi32((a), {mm}_add_epi32("
+            f"{mm}_madd_epi16({mm}_and_si{bits}((u), {mm}_set1_epi16(0xff)), "
+            f"{mm}_srai_epi16({mm}_slli_epi16((s), 8), 8)), "
+            f"{mm}_madd_epi16({mm}_srli_epi16((u), 8), {mm}_srai_epi16((s), 8))))")
+
+
+@dataclass(frozen=True)
 class Isa:
     """One instruction set as the micro-kernels see it."""
 
@@ -48,6 +107,8 @@ class Isa:
     ops: dict[str, str] = field(repr=False, hash=False)  # zero, load, store, bcast, fma, add
     # Macros the compiler predefines when its flags enable this ISA (all of them must be defined).
     macros: tuple[str, ...] = ()
+    # The int8 dot products, in order of preference (the compiler's macros choose; none: portable C).
+    int8_dot: tuple[Int8Dot, ...] = ()
 
     @property
     def gemm_nr(self) -> int:
@@ -80,7 +141,7 @@ class Isa:
 # (benchmarks/gemm_kernel.py); the others follow the same rules but are untuned. In order of preference;
 # generic, which needs no macro, last.
 def _x86(name: str, bits: int, registers: int, acc_budget: int, gemm_mr: int, features: str, bcast: str,
-         macros: tuple[str, ...]) -> Isa:
+         macros: tuple[str, ...], int8_dot: tuple[Int8Dot, ...]) -> Isa:
     """An x86 entry: its intrinsics differ only in the register width they name (``_mm256_``, ``__m256``)."""
     mm = f"_mm{bits}"
     return Isa(
@@ -89,14 +150,24 @@ def _x86(name: str, bits: int, registers: int, acc_budget: int, gemm_mr: int, fe
         include="#include <immintrin.h>",
         ops=dict(zero=f"{mm}_setzero_ps()", load=f"{mm}_loadu_ps({{p}})", store=f"{mm}_storeu_ps({{p}}, {{v}})",
                  bcast=bcast, fma=f"{mm}_fmadd_ps({{x}}, {{y}}, {{a}})", add=f"{mm}_add_ps({{x}}, {{y}})"),
-        macros=macros)
+        macros=macros, int8_dot=int8_dot)
 
 
 ISAS: dict[str, Isa] = {
     "avx512": _x86("avx512", 512, registers=32, acc_budget=24, gemm_mr=12, features="avx512f",
-                   bcast="_mm512_set1_ps(*({p}))", macros=("__AVX512F__",)),
+                   bcast="_mm512_set1_ps(*({p}))", macros=("__AVX512F__",),
+                   # 4 x 6 = 24 accumulators, 4 weight vectors, a broadcast: 29 of 32 zmm.
+                   int8_dot=(_int8_x86("avx512_vnni", 512, ("__AVX512F__", "__AVX512VNNI__"),
+                                       _asm("vpdpbusd", "v"), (4, 6)),
+                             _int8_x86("avx512bw", 512, ("__AVX512BW__",), "{a} = aotc_i8_dot512({a}, {u}, {s});",
+                                       (2, 4), _dot_emulated(512)))),
     "avx2": _x86("avx2", 256, registers=16, acc_budget=12, gemm_mr=6, features="avx2,fma",
-                 bcast="_mm256_broadcast_ss({p})", macros=("__AVX2__", "__FMA__")),
+                 bcast="_mm256_broadcast_ss({p})", macros=("__AVX2__", "__FMA__"),
+                 # A block of 16 channels is 2 ymm: 1 x 6 = 12 accumulators, 2 weight vectors, a broadcast.
+                 int8_dot=(_int8_x86("avx_vnni", 256, ("__AVX2__", "__AVXVNNI__"), _asm("%{{vex%}} vpdpbusd", "x"),
+                                     (1, 6)),
+                           _int8_x86("avx2", 256, ("__AVX2__",), "{a} = aotc_i8_dot256({a}, {u}, {s});", (1, 3),
+                                     _dot_emulated(256)))),
     "neon": Isa(
         "neon", lanes=4, registers=32, acc_budget=24, fma=True, shuffles256=False, gemm_mr=8, gemm_nv=3,
         vtype="float32x4_t", attribute="", include="#include <arm_neon.h>",

@@ -124,7 +124,8 @@ def emit_kernel(k: Kernel, fn: str, target: Target) -> KernelSource:
     args = [(v, "in") for v in ins] + [(v, "out") for v in node.outputs]
     names = [f"in{i}" for i in range(len(ins))] + [f"out{i}" for i in range(len(node.outputs))]
     body = op.emit(node, names[:len(ins)], names[len(ins):], dtypes.c_type(node.outputs[0].dtype))
-    return _function(fn, k, args, names, body, scratch=k.plan.scratch_bytes > 0)
+    helpers, body = body if isinstance(body, tuple) else ("", body)  # (file-scope C, function body)
+    return _function(fn, k, args, names, body, scratch=k.plan.scratch_bytes > 0, helpers=helpers)
 
 
 def _emit_gemm(k: Kernel, fn: str) -> KernelSource:

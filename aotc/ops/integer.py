@@ -16,6 +16,7 @@ from aotc.errors import AotcError
 from aotc.ir import dtypes
 from aotc.ir.graph import Node, Value
 from aotc.ops import conv as conv_ops
+from aotc.ops import int8_conv  # noqa: F401 - registers aotc.QLinearConv, what QLinearConv becomes
 from aotc.ops.common import aligned_inputs, broadcast_shapes, optional_input
 from aotc.ops.registry import OpDef, register
 
@@ -47,6 +48,8 @@ def _requant(node: Node, dst: str, acc: str, scales: tuple[str, str, str], yzp: 
     sa, sb, sy = scales
     st = dtypes.c_type(node.inputs[1].dtype)  # type: ignore[union-attr]
     lo, hi = (-128, 127) if ctype == "int8_t" else (0, 255)
+    if node.attr("_relu", 0):  # a Relu before the QuantizeLinear (aotc/passes/quantized.py)
+        lo = f"({ctype})({yzp})"
     return (f"{{ const double q = nearbyint((double){acc} * (double)({st})(({st})({sa} * {sb}) / {sy}) "
             f"+ (double)({yzp})); {dst} = ({ctype})(q >= {lo} ? (q <= {hi} ? q : {hi}) : {lo}); }}")
 
@@ -139,7 +142,7 @@ register(OpDef("QLinearMatMul", "kernel", _mm_infer, emit=_mm_emit))
 
 
 # -- ConvInteger / QLinearConv: a direct loop ------------------------------------------------------------
-def _conv_geometry(node: Node) -> conv_ops.Geometry:
+def qconv_geometry(node: Node) -> conv_ops.Geometry:
     x, w = node.inputs[0], node.inputs[3 if node.op == "QLinearConv" else 1]
     assert x is not None and w is not None
     # The geometry rules are Conv's: ask conv.py about the same data and weights.
@@ -150,13 +153,13 @@ def _conv_infer(node: Node):
     x = node.inputs[0]
     assert x is not None
     dt = _out_dtype(node, x)
-    g = _conv_geometry(node)
+    g = qconv_geometry(node)
     nd = len(x.shape) - 2
     return [((g.n, g.m, *g.out[3 - nd:]), dt)]
 
 
 def _conv_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
-    g = _conv_geometry(node)
+    g = qconv_geometry(node)
     names = aligned_inputs(node, ins)
     q = node.op == "QLinearConv"
     ix, iw, ixzp, iwzp = (0, 3, 2, 5) if q else (0, 1, 2, 3)

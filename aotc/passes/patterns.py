@@ -21,6 +21,7 @@ import math
 import numpy as np
 
 from aotc.ir.graph import Graph, Node, Value
+from aotc.passes.quantized import lower_qlinear
 
 
 def _scalar(v: Value | None, want: float, rel: float = 1e-4) -> bool:
@@ -206,6 +207,7 @@ class _Matcher:
 
 
 def rewrite_patterns(graph: Graph) -> bool:
+    packed = lower_qlinear(graph)  # QLinearConv -> aotc.QLinearConv with packed weights
     m = _Matcher(graph)
     replaced: dict[int, Node] = {}
     for n in graph.nodes:
@@ -218,7 +220,7 @@ def rewrite_patterns(graph: Graph) -> bool:
         if hit is not None and id(hit[0]) not in replaced:
             replaced[id(hit[0])] = hit[1]
     if not replaced:
-        return False
+        return packed
     nodes = [replaced.get(id(n), n) for n in graph.nodes]
     for n in nodes:
         for v in n.outputs:

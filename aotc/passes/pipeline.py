@@ -19,6 +19,7 @@ from aotc.passes.memory import plan_memory
 from aotc.passes.patterns import rewrite_patterns
 from aotc.passes.propagate import propagate
 from aotc.passes.prune import prune
+from aotc.passes.quantized import fuse_qdq
 from aotc.passes.schedule import schedule
 from aotc.passes.simplify import simplify
 from aotc.passes.widen import widen_emulated
@@ -47,6 +48,7 @@ class Pass:
 
 DEFAULT_PASSES = [
     Pass("prune", prune),
+    Pass("qdq", fuse_qdq),  # DequantizeLinear -> Conv -> QuantizeLinear -> QLinearConv, before weights fold
     Pass("propagate", propagate),   # shape/dtype inference + constant folding
     Pass("patterns", rewrite_patterns),  # decomposed LayerNorm / GELU -> one op each
     Pass("layout", optimize_layout),  # Transposes sunk until inverse pairs cancel (NHWC graphs)

@@ -1,0 +1,285 @@
+"""The fast int8 convolution: ``aotc.QLinearConv``, a 2-D QLinearConv with constant weights, packed at
+compile time (``aotc/passes/quantized.py`` makes it from QLinearConv and from onnxruntime's QDQ form).
+
+Per work unit (a block of output rows of one image, a chunk of output channels) the input rows it reads
+are copied into the task's scratch channels-last and padded: ``slice[row][col][cp]`` bytes, ``cp`` the
+channels rounded up to 4, the padding and extra channels holding the input zero point. Then a register
+tile of 16-channel blocks by output pixels accumulates, for each tap and each 4 input channels, the
+4 bytes of every pixel (broadcast) against the packed weights of 16 channels x 4 inputs (one vector)
+with a u8 x s8 dot-product instruction (``vpdpbusd``; the ISA table's ``Int8Dot`` entries, the
+compiler's macros choosing among them, portable C without one). int8 activations are stored +128
+(XOR 0x80), so they are unsigned too; the packed compensation (``comp``) subtracts the zero point
+(+128) times each channel's weight sum, and adds the bias, so that the accumulator is onnxruntime's
+``sum((x - zx) * w) + bias`` exactly (weights have zero point 0). Requantization is onnxruntime's:
+``float(acc) * (x_scale * w_scale / y_scale)`` in float, clamped to the output type less the zero
+point, rounded to nearest even, plus the zero point.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from aotc.errors import AotcError
+from aotc.ir import dtypes
+from aotc.ir.graph import Node
+from aotc.isa import ISAS, Int8Dot
+from aotc.ops.registry import OpDef, register
+
+BLOCK = 16        # output channels per packed weight vector (64 bytes)
+UNITS = 8         # work units to aim for: row blocks x channel chunks
+CHUNK_BLOCKS = 8  # 128 output channels per chunk at most
+
+
+@dataclass(frozen=True)
+class QGeometry:
+    n: int
+    c: int
+    h: int
+    w: int
+    m: int
+    kh: int
+    kw: int
+    sh: int
+    sw: int
+    dh: int
+    dw: int
+    pt: int
+    pl: int
+    ho: int
+    wo: int
+
+    @property
+    def cp(self) -> int:
+        return -(-self.c // 4) * 4
+
+    @property
+    def blocks(self) -> int:
+        return -(-self.m // BLOCK)
+
+    @property
+    def k4(self) -> int:
+        """4-byte groups of one output channel's weights: taps x cp / 4."""
+        return self.kh * self.kw * self.cp // 4
+
+    @property
+    def wp(self) -> int:
+        """Columns of the padded slice: every column any tap reads."""
+        return max(self.w + self.pl, (self.wo - 1) * self.sw + (self.kw - 1) * self.dw + 1)
+
+    def split(self) -> tuple[int, int, int]:
+        """(rows per unit, channel blocks per chunk, chunks)."""
+        cb = min(self.blocks, CHUNK_BLOCKS)
+        chunks = -(-self.blocks // cb)
+        row_blocks = min(self.ho, max(1, -(-UNITS // (chunks * self.n))))
+        return -(-self.ho // row_blocks), cb, chunks
+
+    def slice_rows(self) -> int:
+        r, _, _ = self.split()
+        return (r - 1) * self.sh + (self.kh - 1) * self.dh + 1
+
+
+def geometry(node: Node) -> QGeometry:
+    x = node.inputs[0]
+    assert x is not None and x.shape is not None
+    n, c, h, w = x.shape
+    kh, kw = node.attr("kernel_shape")
+    sh, sw = node.attr("strides")
+    dh, dw = node.attr("dilations")
+    pt, pl, pb, pr = node.attr("pads")
+    ho = (h + pt + pb - (kh - 1) * dh - 1) // sh + 1
+    wo = (w + pl + pr - (kw - 1) * dw - 1) // sw + 1
+    return QGeometry(n, c, h, w, int(node.attr("m")), kh, kw, sh, sw, dh, dw, pt, pl, ho, wo)
+
+
+def pack_weights(w: np.ndarray, cp: int) -> np.ndarray:
+    """int8 weights [M, C, KH, KW] as bytes [block][kh][kw][cp/4][16 channels][4 inputs]; channels and
+    inputs padded with zeros."""
+    m, c, kh, kw = w.shape
+    blocks = -(-m // BLOCK)
+    p = np.zeros((blocks * BLOCK, cp, kh, kw), np.int8)
+    p[:m, :c] = w
+    p = p.reshape(blocks, BLOCK, cp // 4, 4, kh, kw).transpose(0, 4, 5, 2, 1, 3)
+    return np.ascontiguousarray(p).reshape(-1).view(np.uint8)
+
+
+def _infer(node: Node):
+    g = geometry(node)
+    return [((g.n, g.m, g.ho, g.wo), dtypes.from_onnx(int(node.attr("out_type"))))]
+
+
+def _scratch(node: Node) -> int:
+    g = geometry(node)
+    return g.slice_rows() * g.wp * g.cp
+
+
+# -- C --------------------------------------------------------------------------------------------
+def _slice(g: QGeometry, x: str, pad: int, flip: bool) -> list[str]:
+    """Copy the unit's input rows into ``xs`` channels-last, padded with ``pad``."""
+    row = g.wp * g.cp
+    val = "(uint8_t)(src[iw] ^ 0x80)" if flip else "src[iw]"
+    return [
+        f"const size_t rows = (oh1 - 1) * {g.sh} + {(g.kh - 1) * g.dh + 1} - oh0 * {g.sh};",
+        "for (size_t r = 0; r < rows; r++) {",
+        f"  uint8_t *dst = xs + r * {row};",
+        f"  const ptrdiff_t ih = (ptrdiff_t)(oh0 * {g.sh} + r) - {g.pt};",
+        f"  memset(dst, {pad}, {row});",
+        f"  if (ih < 0 || ih >= {g.h}) continue;",
+        f"  for (size_t c = 0; c < {g.c}; c++) {{",
+        f"    const uint8_t *src = (const uint8_t *)({x}) + ((n * {g.c} + c) * {g.h} + (size_t)ih) * {g.w};",
+        f"    for (size_t iw = 0; iw < {g.w}; iw++) dst[({g.pl} + iw) * {g.cp} + c] = {val};",
+        "  }",
+        "}"]
+
+
+def _tile_vector(g: QGeometry, d: Int8Dot, mb: int, np_: int, packed: str) -> list[str]:
+    """Accumulators of ``mb`` blocks x ``np_`` pixels at (blk, ow) into ``acc`` (int32 [np_][mb * 16])."""
+    vb = BLOCK // d.lanes  # vectors per block
+    o = d.ops
+    bstride = g.k4 * 64
+    accs = [[[f"a{i}_{v}_{j}" for j in range(np_)] for v in range(vb)] for i in range(mb)]
+    lines = [f"{d.vtype} {', '.join(a + ' = ' + o['zero'] for blk in accs for vec in blk for a in vec)};",
+             f"const uint8_t *wb = {packed} + blk * {bstride};"]
+    lines += [f"const uint8_t *x{j} = {_pixel(g, f'p + {j}')};" for j in range(np_)]
+    lines += [f"for (size_t kh = 0; kh < {g.kh}; kh++)",
+              f"  for (size_t kw = 0; kw < {g.kw}; kw++) {{",
+              f"    const size_t xo = (kh * {g.dh * g.wp} + kw * {g.dw}) * {g.cp};",
+              f"    const uint8_t *wt = wb + (kh * {g.kw} + kw) * {g.cp // 4 * 64};",
+              f"    for (size_t c4 = 0; c4 < {g.cp // 4}; c4++) {{"]
+    for i in range(mb):
+        for v in range(vb):
+            at = f"wt + c4 * 64 + {i * bstride + v * d.lanes * 4}"
+            lines.append(f"      const {d.vtype} w{i}_{v} = {o['load'].format(p=at)};")
+    for j in range(np_):
+        lines.append(f"      {{ const {d.vtype} b = {o['bcast4'].format(p=f'x{j} + xo + c4 * 4')};")
+        for i in range(mb):
+            for v in range(vb):
+                a = accs[i][v][j]
+                lines.append(f"        {o['dot'].format(a=a, u='b', s=f'w{i}_{v}')}")
+        lines.append("      }")
+    lines += ["    }", "  }"]
+    for i in range(mb):
+        for v in range(vb):
+            ch = i * BLOCK + v * d.lanes
+            for j in range(np_):
+                req = o["requant"].format(a=accs[i][v][j], c=f"comp + blk * {BLOCK} + {ch}",
+                                          m=f"mul + blk * {BLOCK} + {ch}", lo="vlo", hi="vhi", z="vz")
+                lines.append(f"{o['store'].format(p=f'acc + {j * mb * BLOCK + ch}', a=req)};")
+    return lines
+
+
+def _tile_portable(g: QGeometry, mb: int, np_: int, packed: str) -> list[str]:
+    """The same tile in plain C, requantized like the vector code (nearest even by the 1.5 * 2^23 trick,
+    exact for the clamped values)."""
+    return [
+        f"for (size_t j = 0; j < {np_}; j++)",
+        f"  for (size_t i = 0; i < {mb * BLOCK}; i++) {{",
+        f"    const uint8_t *xq = {_pixel(g, 'p + j')};",
+        f"    const int8_t *wq = (const int8_t *)({packed} + (blk + i / {BLOCK}) * {g.k4 * 64}) + i % {BLOCK} * 4;",
+        "    int32_t s = 0;",
+        f"    for (size_t kh = 0; kh < {g.kh}; kh++)",
+        f"      for (size_t kw = 0; kw < {g.kw}; kw++) {{",
+        f"        const uint8_t *xk = xq + (kh * {g.dh * g.wp} + kw * {g.dw}) * {g.cp};",
+        f"        const int8_t *wk = wq + (kh * {g.kw} + kw) * {g.cp // 4 * 64};",
+        f"        for (size_t c4 = 0; c4 < {g.cp // 4}; c4++)",
+        "          for (size_t q = 0; q < 4; q++) s += (int32_t)xk[c4 * 4 + q] * (int32_t)wk[c4 * 64 + q];",
+        "      }",
+        f"    const size_t ch = blk * {BLOCK} + i;",
+        "    float f = (float)(int32_t)((uint32_t)s + (uint32_t)comp[ch]) * mul[ch];",
+        "    f = f < flo ? flo : f;",
+        "    f = f > fhi ? fhi : f;",
+        f"    acc[j * {mb * BLOCK} + i] = (int32_t)((f + 12582912.0f) - 12582912.0f) + yzp;",
+        "  }"]
+
+
+def _tile(g: QGeometry, d: Int8Dot | None, mb: int, np_: int, packed: str, y: str, ct: str) -> list[str]:
+    body = _tile_portable(g, mb, np_, packed) if d is None else _tile_vector(g, d, mb, np_, packed)
+    store = [f"for (size_t i = 0; i < {mb * BLOCK}; i++) {{",
+             f"  const size_t ch = blk * {BLOCK} + i;",
+             f"  if (ch >= {g.m}) break;",
+             f"  {ct} *yr = {y} + (n * {g.m} + ch) * {g.ho * g.wo} + p;",
+             f"  for (size_t j = 0; j < {np_}; j++) yr[j] = ({ct})acc[j * {mb * BLOCK} + i];",
+             "}"]
+    return ["{", *["  " + ln for ln in body + store], "}"]
+
+
+def _pixel(g: QGeometry, p: str) -> str:
+    """The slice's bytes under the first tap of output pixel ``p`` (flat over the image's rows)."""
+    return f"xs + (({p}) / {g.wo} - oh0) * {g.sh * g.wp * g.cp} + ({p}) % {g.wo} * {g.sw * g.cp}"
+
+
+def _rows(g: QGeometry, d: Int8Dot | None, packed: str, y: str, ct: str) -> list[str]:
+    """The unit's output: for each group of channel blocks, tiles of pixels taken flat over the unit's
+    rows (narrow images fill whole tiles), and the one shorter tile at the end."""
+    mb, np_ = (d.tile_blocks, d.tile_pixels) if d is not None else (1, 4)
+    r, cb, _ = g.split()
+    mb = min(mb, cb)
+    last = g.ho - (-(-g.ho // r) - 1) * r
+    tails = sorted({r * g.wo % np_, last * g.wo % np_} - {0})
+    lines = [f"int32_t acc[{np_ * mb * BLOCK}];"]
+    if d is not None:
+        o = d.ops
+        lines += [f"const {d.ftype} vlo = {o['set1f'].format(x='flo')}, vhi = {o['set1f'].format(x='fhi')};",
+                  f"const {d.vtype} vz = {o['set1i'].format(x='yzp')};"]
+
+    def group(nb: int) -> list[str]:
+        out = [f"size_t p = oh0 * {g.wo};", f"for (; p + {np_} <= oh1 * {g.wo}; p += {np_})"]
+        out += ["  " + ln for ln in _tile(g, d, nb, np_, packed, y, ct)]
+        for i, t in enumerate(tails):
+            out += [f"{'else ' if i else ''}if (oh1 * {g.wo} - p == {t})"]
+            out += ["  " + ln for ln in _tile(g, d, nb, t, packed, y, ct)]
+        return out
+
+    lines += [f"for (size_t blk = b0; blk < b1; blk += {mb}) {{"]
+    tail_b = g.blocks % mb
+    if tail_b:
+        lines += [f"  if (b1 - blk < {mb}) {{"] + ["    " + ln for ln in group(tail_b)] + ["    continue;", "  }"]
+    lines += ["  " + ln for ln in group(mb)] + ["}"]
+    return lines
+
+
+def _emit(node: Node, ins: list[str], outs: list[str], ct: str) -> tuple[str, str]:
+    g = geometry(node)
+    x, packed, comp, mul = ins
+    r, cb, chunks = g.split()
+    row_blocks = -(-g.ho // r)
+    units = g.n * row_blocks * chunks
+    pad = int(node.attr("x_pad"))
+    flip = bool(node.attr("flip"))
+    lo, hi, yzp = (int(node.attr(a)) for a in ("lo", "hi", "y_zero_point"))
+    head = [
+        "uint8_t *xs = (uint8_t *)scratch;",
+        f"const float flo = {float(lo - yzp)!r}f, fhi = {float(hi - yzp)!r}f;",
+        f"const int32_t yzp = {yzp};",
+        f"for (size_t t = task; t < {units}; t += ntasks) {{",
+        f"  const size_t n = t / {row_blocks * chunks}, rb = t / {chunks} % {row_blocks}, mc = t % {chunks};",
+        f"  const size_t oh0 = rb * {r}, oh1 = oh0 + {r} < {g.ho} ? oh0 + {r} : {g.ho};",
+        f"  const size_t b0 = mc * {cb}, b1 = b0 + {cb} < {g.blocks} ? b0 + {cb} : {g.blocks};",
+        *["  " + ln for ln in _slice(g, x, pad, flip)]]
+    # Native dot products first, then the emulated ones (their helpers), then portable C.
+    dots = sorted((d for isa in ISAS.values() for d in isa.int8_dot), key=lambda d: bool(d.helpers))
+    variants = [(d, " && ".join(f"defined({m})" for m in d.macros)) for d in dots]
+    body, helpers = [], ["#ifndef AOTC_I8_HELPERS", "#define AOTC_I8_HELPERS"]
+    for i, (d, cond) in enumerate(variants):
+        directive = f"#{'if' if i == 0 else 'elif'} {cond}"
+        body += [directive, *["  " + ln for ln in _rows(g, d, f"(const uint8_t *){packed}", outs[0], ct)]]
+        isa = next(e for e in ISAS.values() if d in e.int8_dot)
+        helpers += [directive, isa.include, *([d.helpers] if d.helpers else [])]
+    body += ["#else", *["  " + ln for ln in _rows(g, None, f"(const uint8_t *){packed}", outs[0], ct)], "#endif"]
+    helpers += ["#endif",
+                "/* The 4 bytes at p as one int32, wherever they are. */",
+                "static inline int32_t aotc_i8_word(const uint8_t *p) { int32_t w; memcpy(&w, p, 4); return w; }",
+                "#endif", ""]
+    code = "\n".join([f"const int32_t *comp = (const int32_t *){comp};", f"const float *mul = (const float *){mul};",
+                      *head, *body, "}"])
+    return "\n".join(helpers), code
+
+
+def check(node: Node) -> None:
+    g = geometry(node)
+    if g.k4 * 4 > 65536:
+        raise AotcError(f"{node.op} node {node.name!r}: {g.k4 * 4} inputs per output overflow int32 sums")
+
+
+register(OpDef("aotc.QLinearConv", "kernel", _infer, emit=_emit, scratch=_scratch))
