@@ -230,6 +230,12 @@ def test_pool_gradients(tmp_path) -> None:
         case("avgpool_pad_counted", "AveragePool", [rand(1, 2, 5, 5)],
              lambda x: F.avg_pool2d(x, 3, 2, 1, count_include_pad=True), kernel_shape=[3, 3], strides=[2, 2],
              pads=[1, 1, 1, 1], count_include_pad=1),
+        case("resize_nearest", "Resize", [rand(1, 2, 3, 4), "", "sc"], lambda x, *_: F.interpolate(x, scale_factor=2),
+             consts={"sc": np.array([1, 1, 2, 2], np.float32)}, coordinate_transformation_mode="asymmetric",
+             nearest_mode="floor"),
+        case("resize_bilinear", "Resize", [rand(1, 2, 3, 4), "", "", "sz"],
+             lambda x, *_: F.interpolate(x, size=(5, 7), mode="bilinear"), consts={"sz": _i64(1, 2, 5, 7)},
+             mode="linear"),
         case("global_avg", "GlobalAveragePool", [rand(2, 3, 4, 5)], lambda x: x.mean((2, 3), keepdim=True)),
         case("global_max", "GlobalMaxPool", [rand(2, 3, 4, 5)], lambda x: x.amax((2, 3), keepdim=True)),
     ]

@@ -371,7 +371,7 @@ register(OpDef("Split", "kernel", _split_infer, emit=_split_emit, const_inputs=(
 
 
 # -- Resize / Upsample ------------------------------------------------------------------------------------------
-def _resize_params(node: Node) -> tuple[Shape, list[float], np.ndarray | None]:
+def resize_params(node: Node) -> tuple[Shape, list[float], np.ndarray | None]:
     """(output shape, per-dim scale, roi as [starts..., ends...] or None)."""
     x = _in(node)
     rank = len(x.shape)
@@ -416,7 +416,7 @@ def _resize_params(node: Node) -> tuple[Shape, list[float], np.ndarray | None]:
 
 def _resize_infer(node: Node):
     x = _in(node)
-    return [(_resize_params(node)[0], x.dtype)]
+    return [(resize_params(node)[0], x.dtype)]
 
 
 def _coeffs(mode: str, ratio: np.ndarray, scale: float, node: Node) -> np.ndarray:
@@ -508,7 +508,7 @@ def _resize_taps(node: Node, scale: float) -> int:
 
 def _resize_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
     x = _in(node)
-    out, scales, roi = _resize_params(node)
+    out, scales, roi = resize_params(node)
     rank = len(out)
     offs, weights = [], []
     is_float = ctype in ("float", "double", "_Float16")

@@ -20,6 +20,7 @@ from aotc.ops.grads import (  # noqa: F401
     norm,
     pool,
     reduce,
+    resize,
     shape,
 )
 from aotc.ops.grads.builder import GradBuilder, differentiable, rule
