@@ -210,26 +210,46 @@ def test_train_c_example(tmp_path) -> None:
 
 def test_train_step_clean_under_sanitizers_and_warnings(tmp_path) -> None:
     """The training library (BatchNorm CNN, Adam) built with ASan/UBSan and -Wall -Wextra -Werror, driven
-    from C: state_init, train steps, then a run reading the trained state."""
+    from C: two threads train two states at once (to the same bytes), a run reads the trained state,
+    the state table matches the header, NULL arguments are refused."""
     from aotc.compiler import compile_model
 
     compile_model(small_cnn(batch=4), tmp_path, "cnn", extra_cflags=[*SANITIZE, "-Wall", "-Wextra", "-Werror"],
                   train=aotc.Train("softmax_ce:labels", "adam:lr=0.01"))
     source = """
+#include <pthread.h>
 #include <stdio.h>
+#include <string.h>
 #include "cnn.h"
-static _Alignas(64) unsigned char state[CNN_STATE_BYTES];
-static _Alignas(64) unsigned char ws[CNN_WORKSPACE_BYTES];
+typedef struct {
+  _Alignas(64) unsigned char state[CNN_STATE_BYTES], ws[CNN_WORKSPACE_BYTES];
+  float loss;
+  int rc;
+} trainer;
+static trainer a, b;
+static float x[4 * 64];
+static const int64_t labels[4] = {0, 3, 9, 7};
+static void *train(void *p) {  /* three steps on a state of its own: the library keeps no state itself */
+  trainer *t = p;
+  t->rc = cnn_state_init(t->state);
+  for (int s = 0; s < 3 && t->rc == CNN_OK; s++) t->rc = cnn_train_step(x, labels, &t->loss, t->state, t->ws);
+  return 0;
+}
 int main(void) {
-  float x[4 * 64], probs[4 * 10], loss = 0;
-  int64_t labels[4] = {0, 3, 9, 7};
+  float probs[4 * 10];
+  pthread_t th;
   for (int i = 0; i < 4 * 64; i++) x[i] = (float)((i * 37) % 17) / 16.0f;
-  if (cnn_state_init(state) != CNN_OK) return 1;
-  for (int s = 0; s < 3; s++)
-    if (cnn_train_step(x, labels, &loss, state, ws) != CNN_OK) return 2;
-  if (cnn_run(x, probs, state, ws) != CNN_OK) return 3;
-  if (*cnn_state_step_data(state) != 3) return 4;
-  printf("%g %g\\n", loss, probs[0]);
+  if (pthread_create(&th, 0, train, &a)) return 1;
+  train(&b);
+  pthread_join(th, 0);
+  if (a.rc != CNN_OK || b.rc != CNN_OK || memcmp(a.state, b.state, CNN_STATE_BYTES)) return 2;
+  if (cnn_run(x, probs, a.state, a.ws) != CNN_OK) return 3;
+  if (*cnn_state_step_data(a.state) != 3 || cnn_num_state_tensors() != CNN_NUM_STATE_TENSORS) return 4;
+  if (cnn_state_offset(0) != CNN_STATE_C1W_OFFSET || strcmp(cnn_state_name(0), "c1w") ||
+      strcmp(cnn_state_role(0), "parameter") || cnn_state_rank(0) != 4 || cnn_state_shape(0)[0] != 8) return 5;
+  if (cnn_train_step(x, labels, 0, a.state, a.ws) != CNN_ERR_NULL_ARGUMENT ||
+      cnn_train_step(x, labels, &a.loss, 0, a.ws) != CNN_ERR_NULL_ARGUMENT) return 6;
+  printf("%g %g\\n", a.loss, probs[0]);
   return 0;
 }
 """
