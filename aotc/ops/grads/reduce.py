@@ -26,7 +26,8 @@ def _spread(b: GradBuilder, node: Node, v: Value) -> Value:
     return b.expand(b.reshape(v, _kept(node)), x.shape)
 
 
-@rule("ReduceSum", "ReduceMean", "ReduceSumSquare", "ReduceL2", "ReduceLogSumExp", "ReduceMax", "ReduceMin")
+@rule("ReduceSum", "ReduceMean", "ReduceSumSquare", "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp",
+      "ReduceMax", "ReduceMin")
 def _reduce(b: GradBuilder, node: Node, dys: Grads, needs: list[bool]) -> Grads:
     x, g, y = node.inputs[0], dys[0], node.outputs[0]
     assert x is not None and g is not None
@@ -38,6 +39,10 @@ def _reduce(b: GradBuilder, node: Node, dys: Grads, needs: list[bool]) -> Grads:
         gx = _spread(b, node, g)
     elif op == "ReduceSumSquare":
         gx = b.mul(_spread(b, node, g), b.scale(x, 2))
+    elif op == "ReduceL1":
+        gx = b.mul(_spread(b, node, g), b.op("Sign", x))
+    elif op == "ReduceLogSum":
+        gx = _spread(b, node, b.div(g, b.op("Exp", y)))
     elif op == "ReduceL2":
         gx = b.mul(_spread(b, node, b.div(g, y)), x)
     elif op == "ReduceLogSumExp":

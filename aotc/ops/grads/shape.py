@@ -212,3 +212,43 @@ def _top_k(b: GradBuilder, node: Node, dys: Grads, needs: list[bool]) -> Grads:
     assert x is not None and g is not None
     axis = norm_axis(int(node.attr("axis", -1)), len(x.shape), node)
     return [b.op("aotc.GatherElementsGrad", g, node.outputs[1], shape=list(x.shape), axis=axis), None]
+
+
+def _space_depth_steps(node: Node) -> tuple[tuple[int, ...], list[int]]:
+    """DepthToSpace / SpaceToDepth as reshape -> transpose -> reshape: (the first shape, the perm)."""
+    x = node.inputs[0]
+    assert x is not None
+    n, c, h, w = x.shape
+    bs = int(node.attr("blocksize"))
+    if node.op == "SpaceToDepth":
+        return (n, c, h // bs, bs, w // bs, bs), [0, 3, 5, 1, 2, 4]
+    if node.attr("mode", "DCR") == "CRD":
+        return (n, c // (bs * bs), bs, bs, h, w), [0, 1, 4, 2, 5, 3]
+    return (n, bs, bs, c // (bs * bs), h, w), [0, 3, 4, 1, 5, 2]
+
+
+@rule("DepthToSpace", "SpaceToDepth")
+def _space_depth(b: GradBuilder, node: Node, dys: Grads, needs: list[bool]) -> Grads:
+    """The forward's reshape -> transpose -> reshape, undone in reverse on the cotangent."""
+    x, g = node.inputs[0], dys[0]
+    assert x is not None and g is not None
+    first, perm = _space_depth_steps(node)
+    moved = b.reshape(g, [first[p] for p in perm])
+    return [b.reshape(b.transpose(moved, np.argsort(perm)), x.shape)]
+
+
+@rule("Trilu")
+def _trilu(b: GradBuilder, node: Node, dys: Grads, needs: list[bool]) -> Grads:
+    """The kept triangle is a constant mask: the cotangent keeps the same one."""
+    g = dys[0]
+    assert g is not None
+    return [b.op("Trilu", g, *node.inputs[1:], upper=int(node.attr("upper", 1))), None]
+
+
+@rule("CumSum")
+def _cumsum(b: GradBuilder, node: Node, dys: Grads, needs: list[bool]) -> Grads:
+    """Each input reaches the outputs after it (before it, reversed): the cotangent summed the other way."""
+    g = dys[0]
+    assert g is not None
+    return [b.op("CumSum", g, node.inputs[1], exclusive=int(node.attr("exclusive", 0)),
+                 reverse=1 - int(node.attr("reverse", 0))), None]
