@@ -46,7 +46,7 @@ def gradients(graph: Graph, loss: Value, wrt: list[Value], prefix: str = "grad")
     if loss.shape is None or loss.size != 1 or not differentiable(loss):
         raise AotcError(f"the loss {loss.name!r} must be a float scalar, not {loss.type_str()}")
 
-    lower_runtime_convs(graph, prefix)
+    lower_runtime_convs(graph, f"{prefix}_conv")
     active = _active_nodes(graph, loss, wrt)
     missing: dict[str, list[str]] = {}
     for n in active:
