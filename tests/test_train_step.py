@@ -65,14 +65,18 @@ def _torch_optimizer(kind: str, params: list[torch.Tensor]) -> tuple[str, torch.
 
 @pytest.mark.parametrize("kind", ["sgd", "momentum", "nesterov", "adam"])
 def test_matches_pytorch_for_100_steps(tmp_path, data, kind) -> None:
-    """An MLP from the same initial weights, trained on the same batches: the loss at every step within
-    1e-4 relative of PyTorch's, the parameters after 100 steps within 1e-4."""
+    """An MLP from the same initial weights, trained on the same batches, its learning rate halved after 50
+    steps: the loss at every step within 1e-4 relative of PyTorch's, the parameters after 100 steps
+    within 1e-4."""
     x, y = data
     params = mlp_params()
     tp = {k: torch.tensor(v, requires_grad=True) for k, v in params.items()}
     spec, opt = _torch_optimizer(kind, list(tp.values()))
     m = aotc.compile(mlp(params), tmp_path, name="mlp", train=aotc.Train("softmax_ce:labels", spec))
-    for xb, yb in batches(x, y, 100):
+    assert m.state["lr"] == opt.param_groups[0]["lr"]
+    for step, (xb, yb) in enumerate(batches(x, y, 100)):
+        if step == 50:  # a schedule: the learning rate lives in the state
+            m.state["lr"][...] = opt.param_groups[0]["lr"] = opt.param_groups[0]["lr"] / 2
         loss = m.train_step({"x": xb, "labels": yb})
         opt.zero_grad()
         logits = torch.relu(torch.tensor(xb) @ tp["w1"] + tp["b1"]) @ tp["w2"] + tp["b2"]
@@ -272,7 +276,8 @@ def test_cli_train(tmp_path) -> None:
     m.state["w1"][:] = 0.5  # save() reads the model file compiled and writes the state's values
     m.save(tmp_path / "saved.onnx")
     assert (onnx.numpy_helper.to_array(onnx.load(tmp_path / "saved.onnx").graph.initializer[0]) == 0.5).all()
-    assert set(m.state) == {"w1", "b1", "w2", "b2", "step", "w1.momentum", "b1.momentum", "w2.momentum", "b2.momentum"}
+    assert set(m.state) == {"w1", "b1", "w2", "b2", "step", "lr", "w1.momentum", "b1.momentum", "w2.momentum",
+                            "b2.momentum"}
     ce = ["--train", "--loss", "softmax_ce:labels"]
     for args, message in [([*ce, "--optimizer", "rmsprop:lr=1"], "unknown optimizer"),
                           ([*ce, "--trainable", "w1,nope"], "'nope' not among"),

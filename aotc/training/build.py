@@ -113,9 +113,9 @@ def _positions(graph: Graph, offset: dict[int, int]) -> dict[int, int]:
 
 def _state_input(graph: Graph, layout: StateLayout, offset: dict[int, int]):
     """A factory the optimizer calls for each tensor it keeps between steps (a moment, the step
-    counter): a new input of ``graph`` in a new state slot, zero at the start."""
-    def make(name: str, role: str, shape: tuple[int, ...], dtype: np.dtype) -> Value:
-        slot = layout.add(name, role, shape, dtype)
+    counter, the learning rate): a new input of ``graph`` in a new state slot, ``init`` or zero at first."""
+    def make(name: str, role: str, shape: tuple[int, ...], dtype: np.dtype, init: np.ndarray | None = None) -> Value:
+        slot = layout.add(name, role, shape, dtype, init)
         x = Value(slot.name, tuple(shape), np.dtype(dtype))
         graph.inputs.append(x)
         offset[id(x)] = slot.offset

@@ -16,23 +16,26 @@ from aotc.ir.graph import Value
 from aotc.ops.grads.builder import GradBuilder
 from aotc.training.spec import Optimizer
 
-# (name, role, shape, dtype) -> a new state input, zero before the first step.
-MakeState = Callable[[str, str, tuple[int, ...], np.dtype], Value]
+# (name, role, shape, dtype[, initial value]) -> a new state input, zero before the first step unless given.
+MakeState = Callable[..., Value]
 
 
 def apply_optimizer(b: GradBuilder, opt: Optimizer, params: list[Value], grads: dict[str, Value],
                     state: MakeState, step: Value) -> None:
     """Append ``opt``'s update of every parameter to ``b``'s graph, as in-place updates of the state, and
-    count the step (``step``, the state's int64 counter, which Adam's bias correction and Dropout read)."""
+    count the step (``step``, the state's int64 counter, which Adam's bias correction and Dropout read).
+    The learning rate is the state's ``lr``, a scalar the caller may change between steps (a schedule)."""
     g = b.graph
+    dt = np.dtype(params[0].dtype)
+    lr = state("lr", "hyperparameter", (), dt, np.array(opt["lr"], dt))
     t = b.op("Add", step, b.const(np.int64(1)))
     g.add_update(step, t)
     if opt.kind == "adam":  # the bias corrections: scalars computed once per step, not per element
-        tf = b.op("Cast", t, to=onnx.helper.np_dtype_to_tensor_dtype(np.dtype(params[0].dtype)))
+        tf = b.op("Cast", t, to=onnx.helper.np_dtype_to_tensor_dtype(dt))
         one = b.const(1.0, tf.dtype)
         bc1 = b.op("Sub", one, b.op("Pow", b.const(opt["beta1"], tf.dtype), tf))
         bc2 = b.op("Sub", one, b.op("Pow", b.const(opt["beta2"], tf.dtype), tf))
-        step_size = b.op("Div", b.const(opt["lr"], tf.dtype), bc1)
+        step_size = b.op("Div", lr, bc1)
         sqrt_bc2 = b.op("Sqrt", bc2)
     for p in params:
         grad = grads[p.name]
@@ -41,13 +44,13 @@ def apply_optimizer(b: GradBuilder, opt: Optimizer, params: list[Value], grads: 
             return b.const(x, like.dtype)
 
         if opt.kind == "sgd":
-            new = b.op("Sub", p, b.op("Mul", grad, c(opt["lr"])))
+            new = b.op("Sub", p, b.op("Mul", grad, lr))
         elif opt.kind == "momentum":
             buf = state(f"{p.name}.momentum", "moment", p.shape, p.dtype)
             buf_new = b.op("Add", b.op("Mul", buf, c(opt["momentum"])), grad)
             g.add_update(buf, buf_new)
             direction = b.op("Add", grad, b.op("Mul", buf_new, c(opt["momentum"]))) if opt["nesterov"] else buf_new
-            new = b.op("Sub", p, b.op("Mul", direction, c(opt["lr"])))
+            new = b.op("Sub", p, b.op("Mul", direction, lr))
         else:
             b1, b2 = opt["beta1"], opt["beta2"]
             m = state(f"{p.name}.exp_avg", "moment", p.shape, p.dtype)

@@ -13,7 +13,7 @@ import numpy as np
 
 ALIGN = 64
 
-ROLES = ("parameter", "moment", "step", "running statistic")
+ROLES = ("parameter", "moment", "step", "running statistic", "hyperparameter")
 
 
 @dataclass
