@@ -179,7 +179,7 @@ class CompiledModel:
         self._need_train("train_step")
         loss = np.empty(self._loss_spec.shape, self._loss_spec.dtype)
         self._call(self._train_step, feeds, out=[loss], specs=self.train_inputs)
-        return float(loss)
+        return float(loss.reshape(-1)[0])
 
     def save(self, path: str | Path, source: str | Path | onnx.ModelProto | None = None) -> None:
         """Write the model compiled (``source``: the ONNX model, by default the file compiled) with its
