@@ -96,7 +96,8 @@ def transformer(batch: int = 2, seq: int = 16, hidden: int = 64, heads: int = 4,
 
 def data_movement(seed: int = 0) -> onnx.ModelProto:
     """Embedding lookup (Gather with run-time ids), Concat, Split, Pad (reflect), Tile, ArgMax and the fused
-    Attention op (opset 23, 4-D, boolean mask, grouped kv heads)."""
+    Attention op (opset 23: 4-D with a boolean mask and grouped kv heads; 3-D, causal and softcapped with a past
+    and the present outputs)."""
     rng = np.random.default_rng(seed)
     from onnx import TensorProto
 
@@ -108,11 +109,16 @@ def data_movement(seed: int = 0) -> onnx.ModelProto:
         helper.make_node("Tile", ["pad", "reps"], ["tiled"]),                     # [2, 10, 96]
         helper.make_node("ArgMax", ["tiled"], ["best"], axis=2, keepdims=0),      # [2, 10]
         helper.make_node("Attention", ["q", "k", "v", "mask"], ["att"], is_causal=0),
+        # 3-D, causal, softcapped, with a past and the present outputs
+        helper.make_node("Attention", ["q3", "k3", "v3", "", "pk", "pv"], ["att3", "present_k", "present_v"],
+                         q_num_heads=4, kv_num_heads=2, is_causal=1, softcap=30.0),
     ]
     inits = [init("table", rng.standard_normal((50, 32)).astype(np.float32)),
              init("halves", np.array([16, 16], np.int64)), init("pads", np.array([0, 1, 0, 0, 1, 0], np.int64)),
              init("reps", np.array([1, 1, 2], np.int64)), init("mask", rng.random((2, 1, 8, 8)) > 0.3)]
     return make(nodes, [vi("ids", [2, 8], TensorProto.INT64), vi("q", [2, 4, 8, 32]), vi("k", [2, 2, 8, 32]),
-                        vi("v", [2, 2, 8, 32])],
-                [vi("tiled", [2, 10, 96]), vi("best", [2, 10], TensorProto.INT64), vi("att", [2, 4, 8, 32])],
+                        vi("v", [2, 2, 8, 32]), vi("q3", [2, 8, 64]), vi("k3", [2, 8, 32]), vi("v3", [2, 8, 32]),
+                        vi("pk", [2, 2, 4, 16]), vi("pv", [2, 2, 4, 16])],
+                [vi("tiled", [2, 10, 96]), vi("best", [2, 10], TensorProto.INT64), vi("att", [2, 4, 8, 32]),
+                 vi("att3", [2, 8, 64]), vi("present_k", [2, 2, 12, 16]), vi("present_v", [2, 2, 12, 16])],
                 inits, opset=23)

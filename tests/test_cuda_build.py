@@ -66,7 +66,7 @@ def test_transformer_builds(tmp_path: Path) -> None:
 def test_data_movement_and_attention_build(tmp_path: Path) -> None:
     res = _build(data_movement(), tmp_path, "dm", cuda_arch="sm_80")
     assert [k.ops for k in res.graph.kernels] == [["Gather"], ["Split"], ["Concat"], ["Pad"], ["Tile"], ["ArgMax"],
-                                                  ["Attention"]]
+                                                  ["Attention"], ["Attention"]]
     src = (res.build_dir / "dm_kernels_0.cu").read_text()
     gather = src[src.index("dm_k0_gather("):src.index("dm_k1_split(")]
     assert "atomicExch(status, 3)" in gather  # an out-of-range id sets NAME_ERR_INDEX_OUT_OF_RANGE

@@ -33,6 +33,7 @@ from aotc.codegen.cuda.common import (
 )
 from aotc.codegen.library import env
 from aotc.codegen.loops import Emitter, identity_map
+from aotc.ir import dtypes
 from aotc.ir.graph import Value
 from aotc.ir.kernel import Kernel
 from aotc.ops.conv import geometry
@@ -104,7 +105,7 @@ def emit_matmul(k: Kernel, fn: str, tf32: bool) -> CudaKernel:
     assert mm is not None
     bs = gemm_batch_strides(mm)
     if bs is None:
-        raise Unsupported(f"MatMul of {mm.outputs[0].dtype} {list(mm.inputs[0].shape)} @ {list(mm.inputs[1].shape)}")
+        return _naive_matmul(k, fn)
     a, b = mm.inputs[0], mm.inputs[1]
     out = k.outputs[0]
     m, kk = a.shape[-2:]
@@ -197,3 +198,40 @@ def emit_conv(k: Kernel, fn: str, tf32: bool) -> CudaKernel:
                + _device_fn(f"{fn}_c", args, names, f"{idx} z, {idx} i, {idx} j, float v", body_c))
     return _render(fn, args, names, helpers, osp, mg, kdim, g.n * g.group, idx, tf32,
                    a_rows_fastest=True, b_k_fastest=True)
+
+
+def _naive_matmul(k: Kernel, fn: str) -> CudaKernel:
+    """MatMul outside the template (other dtypes, 1-D operands, batch dims broadcast on both sides): one
+    thread per output element, a plain dot product. Never with an epilogue (fusion asks the template)."""
+    mm = k.gemm
+    assert mm is not None and len(k.nodes) == 1
+    a, b, out = mm.inputs[0], mm.inputs[1], mm.outputs[0]
+    t = dtypes.c_type(out.dtype)
+    if t not in ("float", "double", "int32_t", "int64_t", "uint32_t", "uint64_t"):
+        raise Unsupported(f"MatMul on {out.dtype}")
+    args, names, ptrs = external(k)
+    idx = index_type(k)
+    a2 = (1, *a.shape) if len(a.shape) == 1 else tuple(a.shape)
+    b2 = (*b.shape, 1) if len(b.shape) == 1 else tuple(b.shape)
+    m, kk, n = a2[-2], a2[-1], b2[-1]
+    batch = tuple(np.broadcast_shapes(a2[:-2], b2[:-2]))
+    total = int(np.prod(batch)) * m * n
+
+    def offset(shape: tuple[int, ...], per: int) -> str:
+        """The offset of batch entry bi in an operand with batch dims ``shape``, broadcast to ``batch``."""
+        s = (1,) * (len(batch) - len(shape)) + tuple(shape)
+        terms = [f"((bi / {int(np.prod(batch[d + 1:]))}) % {batch[d]}) * {int(np.prod(s[d + 1:])) * per}"
+                 for d in range(len(batch)) if s[d] != 1 and batch[d] != 1]
+        return " + ".join(terms) or "0"
+
+    acc = "double" if t == "double" else t if t != "float" else "float"
+    dot = ([f"for ({idx} p = 0; p < {kk}; p++) s += ({acc}){ptrs[id(a)]}[ao + i * {kk} + p] * "
+            f"({acc}){ptrs[id(b)]}[bo + p * {n} + j];"] if kk else [])
+    lines = [f"__global__ void __launch_bounds__({THREADS}) {fn}({', '.join(params(args, names))}) {{",
+             f"  for ({idx} e = ({idx})blockIdx.x * {THREADS} + threadIdx.x; e < {total}; "
+             f"e += ({idx})gridDim.x * {THREADS}) {{",
+             f"    const {idx} bi = e / {m * n}, i = (e / {n}) % {m}, j = e % {n}; (void)bi;",
+             f"    const {idx} ao = {offset(a2[:-2], m * kk)}, bo = {offset(b2[:-2], kk * n)}; (void)ao; (void)bo;",
+             f"    {acc} s = 0;", *("    " + ln for ln in dot),
+             f"    {ptrs[id(out)]}[e] = ({t})s;", "  }", "}"]
+    return CudaKernel(fn, "\n".join(lines) + "\n", args, str(min(ceil_div(max(total, 1), THREADS), MAX_BLOCKS)))

@@ -164,8 +164,10 @@ def emit_pool(k: Kernel, fn: str) -> CudaKernel:
     """MaxPool (one output, no indices) and AveragePool: one thread per output over its window."""
     node = k.root
     x = node.inputs[0]
-    if x.dtype != np.float32 or len(node.outputs) > 1 and node.outputs[1].name:
-        raise Unsupported(f"{node.op} on {x.dtype} or with an Indices output")
+    if len(node.outputs) > 1 and node.outputs[1].name:
+        raise Unsupported(f"{node.op} with an Indices output")
+    if x.dtype != np.float32:
+        raise Unsupported(f"{node.op} on {x.dtype}")
     if node.attr("ceil_mode", 0) and node.op == "AveragePool":
         raise Unsupported("AveragePool with ceil_mode")
     g = geometry(node)
