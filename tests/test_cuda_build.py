@@ -175,36 +175,44 @@ def test_decompose_matches_unravel_index(extents: list[int]) -> None:
         assert [_c_eval(e, {"o": o}) for e in exprs] == list(np.unravel_index(o, extents))
 
 
-@pytest.mark.parametrize("m,n,k,rows_fastest,k_fastest", [(70, 130, 37, False, False), (64, 64, 16, True, True),
-                                                           (1, 200, 50, False, True)])
-def test_gemm_tiling_matches_numpy(m: int, n: int, k: int, rows_fastest: bool, k_fastest: bool) -> None:
+@pytest.mark.parametrize("m,n,k,rows_fastest,k_fastest,tile", [(70, 130, 37, False, False, 64),
+                                                                (64, 64, 16, True, True, 64),
+                                                                (1, 200, 50, False, True, 64),
+                                                                (45, 40, 20, True, False, 32)])
+def test_gemm_tiling_matches_numpy(m: int, n: int, k: int, rows_fastest: bool, k_fastest: bool, tile: int) -> None:
     """The FP32 kernel's block, staging and per-thread output math, run in numpy order for every block."""
     rng = np.random.default_rng(0)
     a, b = rng.standard_normal((m, k)), rng.standard_normal((k, n))
     c = np.full((m, n), np.nan)
-    for by in range(-(-m // gemm.BM)):
-        for bx in range(-(-n // gemm.BN)):
-            row0, col0 = gemm.tile_origin(bx, by)
-            acc = np.zeros((256, 16))
+    for by in range(-(-m // tile)):
+        for bx in range(-(-n // tile)):
+            row0, col0 = gemm.tile_origin(bx, by, tile)
+            acc = np.zeros((256, (tile // 16) ** 2))
             for k0 in range(0, k, gemm.BK):
-                a_s, b_s = np.full((gemm.BK, gemm.BM), np.nan), np.full((gemm.BK, gemm.BN), np.nan)
+                a_s, b_s = np.full((gemm.BK, tile), np.nan), np.full((gemm.BK, tile), np.nan)
                 for t in range(256):
-                    for q in range(gemm.BM * gemm.BK // 256):
-                        i, kk = gemm.a_slot(t + 256 * q, rows_fastest)
+                    for q in range(tile * gemm.BK // 256):
+                        i, kk = gemm.a_slot(t + 256 * q, rows_fastest, tile)
                         a_s[kk, i] = a[row0 + i, k0 + kk] if row0 + i < m and k0 + kk < k else 0.0
-                    for q in range(gemm.BK * gemm.BN // 256):
-                        kk, j = gemm.b_slot(t + 256 * q, k_fastest)
+                    for q in range(gemm.BK * tile // 256):
+                        kk, j = gemm.b_slot(t + 256 * q, k_fastest, tile)
                         b_s[kk, j] = b[k0 + kk, col0 + j] if k0 + kk < k and col0 + j < n else 0.0
                 assert not np.isnan(a_s).any() and not np.isnan(b_s).any()  # every slot staged
                 for t in range(256):
-                    for o, (i, j) in enumerate(gemm.thread_outputs(t)):
+                    for o, (i, j) in enumerate(gemm.thread_outputs(t, tile)):
                         acc[t, o] += a_s[:, i] @ b_s[:, j]
             for t in range(256):
-                for o, (i, j) in enumerate(gemm.thread_outputs(t)):
+                for o, (i, j) in enumerate(gemm.thread_outputs(t, tile)):
                     if row0 + i < m and col0 + j < n:
                         assert np.isnan(c[row0 + i, col0 + j])  # each element written once
                         c[row0 + i, col0 + j] = acc[t, o]
     np.testing.assert_allclose(c, a @ b, rtol=1e-12, atol=1e-12)
+
+
+def test_small_grids_take_small_tiles() -> None:
+    assert gemm.tile_size(128, 768, 1, tf32=False) == 32      # GPT-2 at batch 1: 24 blocks of 64x64
+    assert gemm.tile_size(4096, 768, 1, tf32=False) == 64     # batch 32: 768 blocks
+    assert gemm.tile_size(128, 768, 1, tf32=True) == 64       # the WMMA kernel's warps tile 64x64
 
 
 @pytest.mark.parametrize("n_out,n_red,column", [(1, 1 << 24, False), (3, 100_000, False), (1000, 37, False),

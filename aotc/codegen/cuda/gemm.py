@@ -40,30 +40,39 @@ from aotc.ops.conv import geometry
 from aotc.ops.linalg import gemm_batch_strides
 
 BM, BN, BK = 64, 64, 16
+# The exact FP32 kernel takes 32x32 tiles when 64x64 ones would give fewer blocks than this (about two per SM
+# of an A100 or H100): a batch-1 Transformer's GEMMs have 128 rows.
+FEW_BLOCKS = 256
+SMALL = 32
 # A conv with fewer output channels per group than this is a direct kernel (see the module docstring).
 MIN_GEMM_COLUMNS = 8
 GRID_YZ = 65535  # CUDA's limit on gridDim.y and gridDim.z
 
 
-def tile_origin(block_x: int, block_y: int) -> tuple[int, int]:
+def tile_size(m: int, n: int, z: int, tf32: bool) -> int:
+    """The (square) tile of a GEMM of m x n per batch entry, z entries: 64, or 32 for a small grid (FP32)."""
+    return SMALL if not tf32 and ceil_div(m, BM) * ceil_div(n, BN) * z < FEW_BLOCKS else BM
+
+
+def tile_origin(block_x: int, block_y: int, tile: int = BM) -> tuple[int, int]:
     """(row0, col0) of the C tile that block (x, y) computes."""
-    return block_y * BM, block_x * BN
+    return block_y * tile, block_x * tile
 
 
-def a_slot(e: int, rows_fastest: bool) -> tuple[int, int]:
+def a_slot(e: int, rows_fastest: bool, tile: int = BM) -> tuple[int, int]:
     """(i, kk) in the A slab that staging element e (thread + 256 * q) loads."""
-    return (e % BM, e // BM) if rows_fastest else (e // BK, e % BK)
+    return (e % tile, e // tile) if rows_fastest else (e // BK, e % BK)
 
 
-def b_slot(e: int, k_fastest: bool) -> tuple[int, int]:
+def b_slot(e: int, k_fastest: bool, tile: int = BN) -> tuple[int, int]:
     """(kk, j) in the B slab that staging element e loads."""
-    return (e % BK, e // BK) if k_fastest else (e // BN, e % BN)
+    return (e % BK, e // BK) if k_fastest else (e // tile, e % tile)
 
 
-def thread_outputs(t: int) -> list[tuple[int, int]]:
+def thread_outputs(t: int, tile: int = BM) -> list[tuple[int, int]]:
     """The (i, j) of the tile that thread t accumulates in the exact FP32 kernel."""
     tx, ty = t % 16, t // 16
-    return [(ty + 16 * ii, tx + 16 * jj) for ii in range(4) for jj in range(4)]
+    return [(ty + 16 * ii, tx + 16 * jj) for ii in range(tile // 16) for jj in range(tile // 16)]
 
 
 def epilogue(k: Kernel, ptrs: dict[int, str], head: Value, out: Value, index: list[str]) -> list[str]:
@@ -80,14 +89,15 @@ def epilogue(k: Kernel, ptrs: dict[int, str], head: Value, out: Value, index: li
 
 def _render(fn: str, args, names, helpers: str, m: int, n: int, kk: int, z: int, idx: str, tf32: bool,
             a_rows_fastest: bool, b_k_fastest: bool) -> CudaKernel:
-    if ceil_div(m, BM) > GRID_YZ or z > GRID_YZ:
+    tile = tile_size(m, n, z, tf32)
+    if ceil_div(m, tile) > GRID_YZ or z > GRID_YZ:
         raise Unsupported(f"a GEMM of {m} rows and {z} batch entries exceeds the launch grid")
     names_all = ", ".join(names) + ", "
     code = env().get_template("cuda/gemm.cu.j2").render(
         fn=fn, params=", ".join(params(args, names)), helpers=helpers, m=m, n=n, k=kk, idx=idx, tf32=tf32,
-        bm=BM, bn=BN, bk=BK, a_rows_fastest=a_rows_fastest, b_k_fastest=b_k_fastest,
+        bm=tile, bn=tile, bk=BK, a_rows_fastest=a_rows_fastest, b_k_fastest=b_k_fastest,
         a_args=names_all, b_args=names_all, c_args=names_all)
-    return CudaKernel(fn, code, args, f"dim3({ceil_div(n, BN)}, {ceil_div(m, BM)}, {z})")
+    return CudaKernel(fn, code, args, f"dim3({ceil_div(n, tile)}, {ceil_div(m, tile)}, {z})")
 
 
 def _device_fn(name: str, args, names, sig: str, body: list[str], ret: str = "void") -> str:
