@@ -60,7 +60,7 @@ def _int8_x86(name: str, bits: int, macros: tuple[str, ...], dot: str, tile: tup
     return Int8Dot(name, macros, bits // 32, f"__m{bits}i", f"__m{bits}", *tile,
                    ops=dict(zero=f"{mm}_setzero_{si}()", load=load,
                             store=f"{mm}_storeu_{si}((void *)({{p}}), {{a}})",
-                            bcast4=f"{mm}_set1_epi32(aotc_i8_word({{p}}))", dot=dot,
+                            bcast4=f"{mm}_broadcastd_epi32(_mm_loadu_si32({{p}}))", dot=dot,
                             set1i=f"{mm}_set1_epi32({{x}})", set1f=f"{mm}_set1_ps({{x}})",
                             requant=f"{mm}_add_epi32({mm}_cvtps_epi32({mm}_min_ps({mm}_max_ps({scaled}, {{lo}}), "
                                     f"{{hi}})), {{z}})"),

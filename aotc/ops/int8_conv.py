@@ -267,10 +267,7 @@ def _emit(node: Node, ins: list[str], outs: list[str], ct: str) -> tuple[str, st
         isa = next(e for e in ISAS.values() if d in e.int8_dot)
         helpers += [directive, isa.include, *([d.helpers] if d.helpers else [])]
     body += ["#else", *["  " + ln for ln in _rows(g, None, f"(const uint8_t *){packed}", outs[0], ct)], "#endif"]
-    helpers += ["#endif",
-                "/* The 4 bytes at p as one int32, wherever they are. */",
-                "static inline int32_t aotc_i8_word(const uint8_t *p) { int32_t w; memcpy(&w, p, 4); return w; }",
-                "#endif", ""]
+    helpers += ["#endif", "#endif", ""]
     code = "\n".join([f"const int32_t *comp = (const int32_t *){comp};", f"const float *mul = (const float *){mul};",
                       *head, *body, "}"])
     return "\n".join(helpers), code
