@@ -80,7 +80,7 @@ def compile_model(model: str | Path | onnx.ModelProto | Graph, out_dir: str | Pa
                   cpp_class: str | None = None, target: str | None = None, target_features: str | None = None,
                   sysroot: str | None = None,
                   test_data: tuple[list[np.ndarray], list[np.ndarray]] | None = None,
-                  train: Train | None = None,
+                  train: Train | str | None = None,
                   cuda_arch: str | None = None, cuda_tf32: bool = False) -> CompileResult:
     """Compile ``model`` into ``out_dir``: NAME.h, libNAME.a, libNAME.so, NAME.json and NAME.cdef
     (built in ``out_dir/.aotc/NAME/``, delivered only when the build succeeded; see aotc.build).
@@ -103,8 +103,9 @@ def compile_model(model: str | Path | onnx.ModelProto | Graph, out_dir: str | Pa
     ``target="cuda"`` builds a CUDA library with nvcc instead (docs/cuda.md): ``cuda_arch`` (``"sm_90,sm_80"``)
     chooses the GPUs, ``cuda_tf32`` lets float32 GEMMs and convs use TF32 tensor cores.
 
-    ``train`` (``aotc.Train``: loss, optimizer, trainable parameters) adds NAME_train_step and the state
-    buffer the parameters live in (aotc.training); NAME_run then reads them from the state.
+    ``train`` (``aotc.Train``: loss, optimizer, trainable parameters; a string is the loss, with SGD) adds
+    NAME_train_step and the state buffer the parameters live in (aotc.training); NAME_run then reads them
+    from the state.
     """
     check_model_name(name)
     if cpp_class is not None:
@@ -216,7 +217,7 @@ def compile_model(model: str | Path | onnx.ModelProto | Graph, out_dir: str | Pa
                 "thread_pool": thread_pool,
                 "memory": graph.memory.summary(), "build_id": build_id}
         if training is not None:
-            info["train"] = training.metadata(lib, train, model_path)
+            info["train"] = training.metadata(lib, model_path)
         staged.commit({**cpp, f"{name}.json": metadata(lib, graph, info).encode(),
                        f"{name}.cdef": (f"/* aotc build {build_id} */\n"
                                         f"const char *{name}_build_id(void);\n"
@@ -242,10 +243,13 @@ def compile_model(model: str | Path | onnx.ModelProto | Graph, out_dir: str | Pa
     return CompileResult(out, name, lib, graph, times)
 
 
-def _training_graphs(graph: Graph, train: Train, proto: onnx.ModelProto | None, programs: bool):
+def _training_graphs(graph: Graph, train: Train | str, proto: onnx.ModelProto | None, programs: bool):
     """The inference and training graphs of a --train compile (aotc.training.build)."""
     from aotc.training.build import build_training
+    from aotc.training.spec import Train
 
+    if isinstance(train, str):
+        train = Train(train)
     if programs:
         raise AotcError("--train does not combine with --gen-test, --gen-benchmark or --cpp-class yet")
     if proto is not None:

@@ -122,7 +122,8 @@ def test_loss_in_the_graph_and_mse(tmp_path, data) -> None:
     appends mean squared error against a new input; --trainable leaves the others constant."""
     x, y = data
     params = mlp_params(seed=2)
-    m = aotc.compile(mlp(params, loss_node=True), tmp_path, name="g", train=aotc.Train("loss", "sgd:lr=0.2"))
+    m = aotc.compile(mlp(params, loss_node=True), tmp_path, name="g", train="loss")  # SGD, lr 0.01
+    assert m.state["lr"] == np.float32(0.01)
     assert [t.name for t in m.inputs] == ["x"] and [t.name for t in m.outputs] == ["logits"]
     assert [t.name for t in m.train_inputs] == ["x", "labels"]
     sess = ort.InferenceSession(mlp(params, loss_node=True).SerializeToString())

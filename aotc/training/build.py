@@ -44,13 +44,14 @@ class TrainingGraphs:
     inference_state: dict[int, int]
     train_state: dict[int, int]
     loss: str
+    spec: Train
 
-    def metadata(self, lib: Library, spec: Train, source: Path | None) -> dict:
+    def metadata(self, lib: Library, source: Path | None) -> dict:
         """NAME.json's "train": what the bindings need to call NAME_train_step and map the state, and the
         model file whose initializers ``CompiledModel.save`` replaces."""
         return {"inputs": [{"name": t.name, "dtype": t.dtype, "shape": t.shape} for t in lib.train_inputs],
                 "outputs": [{"name": t.name, "dtype": t.dtype, "shape": t.shape} for t in lib.train_outputs],
-                "loss": self.loss, "loss_spec": spec.loss, "optimizer": spec.optimizer,
+                "loss": self.loss, "loss_spec": self.spec.loss, "optimizer": self.spec.optimizer,
                 "state": self.layout.metadata(),
                 "source": None if source is None else str(source.resolve())}
 
@@ -104,7 +105,7 @@ def build_training(graph: Graph, spec: Train, initializers: set[str]) -> Trainin
                         "NAME_run to compute")
     _drop_unused_inputs(graph, keep=set())
     return TrainingGraphs(graph, train, layout, _positions(graph, offset), _positions(train, toffset),
-                          loss.name)
+                          loss.name, spec)
 
 
 def _positions(graph: Graph, offset: dict[int, int]) -> dict[int, int]:
