@@ -47,9 +47,9 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("-c", "--config", help="feed/fetch config (tfcompile text format)")
     c.add_argument("--input-shape", action="append", type=_shape_arg, default=[], metavar="NAME=D1,D2",
                    help="pin the shape of an input with dynamic dimensions (repeatable)")
-    c.add_argument("--dynamic", action="append", default=[], metavar="DIM<=MAX",
-                   help="leave a batch dimension to run time, from 1 to MAX: the model's symbolic name or "
-                        "INPUT:AXIS; gives NAME_run_dims (docs/dynamic_shapes.md)")
+    c.add_argument("--dynamic", action="append", default=[], metavar="DIM<=MAX|DIM=S1,S2",
+                   help="leave a dimension (the model's symbolic name or INPUT:AXIS) to run time: a batch, "
+                        "from 1 to MAX, or the sizes listed; gives NAME_run_dims (docs/dynamic_shapes.md)")
     c.add_argument("--tag-set", help="SavedModel: the MetaGraph's tags, comma-separated (default: serve)")
     c.add_argument("--signature", help="SavedModel: the signature to compile (default: serving_default)")
     c.add_argument("--variables-to-feed", type=lambda t: [v for v in t.split(",") if v], metavar="A,B",
@@ -211,7 +211,8 @@ def _compile_dynamic(args: argparse.Namespace, name: str, log, status: _StatusLi
         if status is not None:
             status.clear()
     if not args.quiet:
-        dims = ", ".join(f"{d.name} 1..{d.max}" for d in res.dims)
+        dims = ", ".join(f"{d.name} 1..{d.max}" if d.sizes is None else f"{d.name} = {', '.join(map(str, d.sizes))}"
+                         for d in res.dims)
         print(f"aotc: compiled {name} for {dims} (cores at {', '.join(map(str, res.cores))}), workspace "
               f"{res.workspace_bytes} bytes, {sum(res.seconds.values()):.2f}s -> {res.out_dir}/{name}.h, "
               f"lib{name}.a, lib{name}.so")

@@ -1,8 +1,11 @@
-"""``aotc compile --dynamic batch<=32``: one C library for every batch size up to a bound.
+"""``aotc compile --dynamic batch<=32``: one C library for every batch size up to a bound; and
+``--dynamic seq=16,32,64``: one C library for a list of sizes of any dimension.
 
-The library holds static compiles of the model (cores) at the powers of two up to the bound (and the
-bound), and ``NAME_run_dims`` splits a batch into them, each run in place on its rows. The batch
-must be one aotc proves per-sample (aotc/dynamic_batch.py). docs/dynamic_shapes.md has the design.
+The library holds static compiles of the model (cores). For a batch, the cores are at the powers of two
+up to the bound (and the bound), and ``NAME_run_dims`` splits a batch into them, each run in place on
+its rows; the batch must be one aotc proves per-sample (aotc/dynamic_batch.py). For listed sizes
+there is one core per size and ``NAME_run_dims`` runs the one for the size asked. docs/dynamic_shapes.md
+has the design.
 """
 
 from __future__ import annotations
@@ -33,31 +36,61 @@ from aotc.target import Target, resolve
 DIM_OUT_OF_RANGE = 16
 MAX_BOUND = 1 << 20
 _SPEC = re.compile(r"^(?P<dim>.+?)\s*<=\s*(?P<max>\d+)$")
+_LIST = re.compile(r"^(?P<dim>.+?)\s*=\s*(?P<sizes>\d+(?:\s*,\s*\d+)+)$")
 _SHARED = ("aotc_math.h", "aotc_rows.h", "aotc_types.h")  # runtime headers every core carries
 
 
-def parse_dynamic(text: str) -> tuple[str, int]:
-    """``batch<=32`` or ``x:0<=32`` -> (dimension, bound)."""
+@dataclass(frozen=True)
+class DynamicSpec:
+    """A dimension left to run time: every size from 1 to ``bound`` of a batch, or the ``sizes`` listed."""
+
+    dim: str
+    bound: int
+    sizes: tuple[int, ...] | None = None
+
+    @property
+    def batch(self) -> bool:
+        return self.sizes is None
+
+    def allows(self, n: int) -> bool:
+        return 1 <= n <= self.bound if self.sizes is None else n in self.sizes
+
+    def __str__(self) -> str:
+        return f"{self.dim}<={self.bound}" if self.sizes is None else f"{self.dim}={','.join(map(str, self.sizes))}"
+
+
+def parse_dynamic(text: str) -> DynamicSpec:
+    """``batch<=32`` or ``x:0<=32`` (a batch, every size up to the bound), or ``seq=16,32,64`` (those
+    sizes of any dimension)."""
     m = _SPEC.match(text.strip())
-    if not m:
-        raise AotcError(f"--dynamic: expected DIM<=MAX (a symbolic dimension of the model, or INPUT:AXIS), "
-                        f"got {text!r}")
-    bound = int(m.group("max"))
-    if not 1 <= bound <= MAX_BOUND:
-        raise AotcError(f"--dynamic {text}: the bound must be between 1 and {MAX_BOUND}")
-    return m.group("dim"), bound
+    if m:
+        spec = DynamicSpec(m.group("dim"), int(m.group("max")))
+    elif (m := _LIST.match(text.strip())) is not None:
+        sizes = tuple(sorted({int(v) for v in m.group("sizes").split(",")}))
+        if len(sizes) < 2:
+            raise AotcError(f"--dynamic {text}: list at least two sizes (one size is --input-shape)")
+        spec = DynamicSpec(m.group("dim"), sizes[-1], sizes)
+    else:
+        raise AotcError(f"--dynamic: expected DIM<=MAX (a batch) or DIM=S1,S2,... (listed sizes), DIM a symbolic "
+                        f"dimension of the model or INPUT:AXIS; got {text!r}")
+    if not 1 <= min(spec.sizes or (spec.bound,)) or spec.bound > MAX_BOUND:
+        raise AotcError(f"--dynamic {text}: sizes must be between 1 and {MAX_BOUND}")
+    return spec
 
 
-def core_sizes(bound: int) -> list[int]:
-    """The batch sizes compiled: the powers of two up to ``bound``, and ``bound``."""
-    sizes = [1 << k for k in range(bound.bit_length()) if 1 << k <= bound]
-    return sizes if sizes[-1] == bound else [*sizes, bound]
+def core_sizes(spec: DynamicSpec) -> list[int]:
+    """The sizes compiled: those listed, or for a batch the powers of two up to its bound, and the bound."""
+    if spec.sizes is not None:
+        return list(spec.sizes)
+    sizes = [1 << k for k in range(spec.bound.bit_length()) if 1 << k <= spec.bound]
+    return sizes if sizes[-1] == spec.bound else [*sizes, spec.bound]
 
 
 @dataclass
 class DimInfo:
     name: str
     max: int
+    sizes: list[int] | None  # listed sizes; None: every size from 1 to max (a batch)
 
     @property
     def comment(self) -> str:
@@ -83,8 +116,9 @@ class DynamicResult:
         return self.out_dir / self.name
 
 
-def dynamic_inputs(model: onnx.ModelProto, dim: str) -> dict[str, int]:
-    """Input name -> axis of the dimension ``dim`` (a symbolic name, or INPUT:AXIS)."""
+def dynamic_inputs(model: onnx.ModelProto, dim: str, batch: bool = True) -> dict[str, int]:
+    """Input name -> axis of the dimension ``dim`` (a symbolic name, or INPUT:AXIS); a ``batch`` must be
+    axis 0."""
     constants = {i.name for i in model.graph.initializer}
     inputs = [vi for vi in model.graph.input if vi.name not in constants]
     found: dict[str, int] = {}
@@ -106,15 +140,15 @@ def dynamic_inputs(model: onnx.ModelProto, dim: str) -> dict[str, int]:
             raise AotcError(f"--dynamic {dim}: axis {axis % rank} of {name!r} is fixed at {d.dim_value} by the model")
         found[name] = axis % rank
         if d.dim_param:  # the inputs sharing its symbol vary with it
-            found.update(dynamic_inputs(model, d.dim_param))
+            found.update(dynamic_inputs(model, d.dim_param, batch))
     if not found:
         symbols = sorted({d.dim_param for vi in inputs for d in vi.type.tensor_type.shape.dim if d.dim_param})
         raise AotcError(f"--dynamic {dim}: the model's inputs have no dimension {dim!r} (symbolic dimensions: "
                         f"{', '.join(symbols) or 'none'}; or give INPUT:AXIS)")
     for name, axis in found.items():
-        if axis != 0:
-            raise AotcError(f"--dynamic {dim}: it is axis {axis} of input {name!r}; aotc splits a batch on axis 0 "
-                            "only (docs/dynamic_shapes.md; aotc.jit compiles one library per shape instead)")
+        if axis != 0 and batch:
+            raise AotcError(f"--dynamic {dim}<=...: it is axis {axis} of input {name!r}; aotc splits a batch on axis "
+                            f"0 only: list the sizes to compile instead ({dim}=16,32,...; docs/dynamic_shapes.md)")
     return found
 
 
@@ -149,11 +183,12 @@ def compile_dynamic(model: str | Path | onnx.ModelProto, out_dir: str | Path, na
                     extra_cflags: list[str] | None = None, thread_pool: bool = True,
                     log: Callable[[str], None] | None = None) -> DynamicResult:
     """Compile an ONNX model into OUT/NAME.h, libNAME.a, libNAME.so, NAME.json, NAME.cdef with the
-    dimensions ``dynamic`` (``["batch<=32"]``) left to run time (see the module's docstring)."""
+    dimension ``dynamic`` (``["batch<=32"]`` or ``["seq=16,32,64"]``) left to run time (see the module's
+    docstring)."""
     check_model_name(name)
     if len(dynamic) != 1:
-        raise AotcError("--dynamic: one dynamic dimension per library for now (a batch; docs/dynamic_shapes.md)")
-    dim, bound = parse_dynamic(dynamic[0])
+        raise AotcError("--dynamic: one dynamic dimension per library for now (docs/dynamic_shapes.md)")
+    spec = parse_dynamic(dynamic[0])
     if len(name) > 56:
         raise AotcError(f"model name {name!r}: at most 56 characters with --dynamic (its cores add a suffix)")
     tgt = resolve(target, target_cpu, target_features, sysroot, extra_cflags)
@@ -167,16 +202,17 @@ def compile_dynamic(model: str | Path | onnx.ModelProto, out_dir: str | Path, na
     proto = model if isinstance(model, onnx.ModelProto) else load_model(model)
     source = Path(model).name if not isinstance(model, onnx.ModelProto) else "<model>"
     shapes = dict(input_shapes or {})
-    inputs = dynamic_inputs(proto, dim)
-    batch_axes(proto, inputs, {k: v for k, v in shapes.items() if k not in inputs})
+    inputs = dynamic_inputs(proto, spec.dim, spec.batch)
+    if spec.batch:
+        batch_axes(proto, inputs, {k: v for k, v in shapes.items() if k not in inputs})
     times["analysis"] = time.perf_counter() - t0
 
-    sizes = core_sizes(bound)
+    sizes = core_sizes(spec)
     cores: list[Library] = []
     t0 = time.perf_counter()
     for size in sizes:
         core = f"{name}_b{size}"
-        say(f"core {core}: batch {size}")
+        say(f"core {core}: {spec.dim} {size}")
         graph = import_onnx(proto, _core_shapes(proto, inputs, size, shapes), core, None)
         input_names = [v.name for v in graph.inputs]
         if expose_counts(graph):
@@ -189,14 +225,15 @@ def compile_dynamic(model: str | Path | onnx.ModelProto, out_dir: str | Path, na
     times["cores"] = time.perf_counter() - t0
 
     first, last = cores[0], cores[-1]
-    dims = [DimInfo(dim, bound)]
-    ins = [_DimTensor.of(t, 0 if t.name in inputs else None, bound) for t in last.inputs]
-    outs = [_DimTensor.of(t, 0, bound) for t in last.outputs]
+    dims = [DimInfo(spec.dim, spec.bound, list(spec.sizes) if spec.sizes else None)]
+    ins = [_DimTensor.of(t, inputs.get(t.name), spec) for t in last.inputs]
+    outs = [_DimTensor.of(t, 0 if spec.batch else _varying_axis(spec, sizes, cores, i), spec)
+            for i, t in enumerate(last.outputs)]
     lib = _merge(name, cores)
     workspace = max(c.workspace_bytes for c in cores)
     common = {"name": name, "version": __version__, "api": API, "dims": dims, "cores": sizes, "inputs": ins,
               "outputs": outs, "statuses": RUN_ERRORS, "dim_error": DIM_OUT_OF_RANGE, "pool": thread_pool,
-              "workspace_bytes": workspace}
+              "workspace_bytes": workspace, "split": spec.batch}
     lib.files[f"{name}.h"] = env().get_template("dims.h.j2").render(
         **common, source=comment(source, 60), target=comment(tgt.summary(), 1000)).encode()
     lib.files[f"{name}_dims.c"] = env().get_template("dims.c.j2").render(**common).encode()
@@ -222,17 +259,32 @@ class _DimTensor:
     sample_elems: int      # elements per sample (0: not split)
 
     @staticmethod
-    def of(t: TensorInfo, axis: int | None, bound: int) -> _DimTensor:
+    def of(t: TensorInfo, axis: int | None, spec: DynamicSpec) -> _DimTensor:
         dims = [-1] * len(t.shape)
         elems = 0
         if axis is not None:
             dims[axis] = 0
-            elems = int(np.prod(t.shape[1:], dtype=np.int64))
-            assert t.shape[axis] == bound
+            assert t.shape[axis] == spec.bound
+            if spec.batch:
+                elems = int(np.prod(t.shape[1:], dtype=np.int64))
         return _DimTensor(t, dims, elems)
 
     def __getattr__(self, attr: str):  # noqa: ANN204 - the TensorInfo's fields, for the templates
         return getattr(self.info, attr)
+
+
+def _varying_axis(spec: DynamicSpec, sizes: list[int], cores: list[Library], i: int) -> int | None:
+    """The axis of output ``i`` whose length is the listed size in every core (None: a length that does
+    not vary); an output whose length varies otherwise (twice the size, say) is refused."""
+    shapes = [c.outputs[i].shape for c in cores]
+    varying = [a for a in range(len(shapes[0])) if len({s[a] for s in shapes}) > 1]
+    if not varying:
+        return None
+    if len(varying) > 1 or any(s[varying[0]] != k for s, k in zip(shapes, sizes, strict=True)):
+        raise AotcError(f"--dynamic {spec}: output {cores[-1].outputs[i].name!r} has shapes "
+                        f"{', '.join(str(list(s)) for s in shapes)} at {spec.dim} = {', '.join(map(str, sizes))}: "
+                        f"aotc needs one axis of length {spec.dim} where it varies")
+    return varying[0]
 
 
 def _merge(name: str, cores: list[Library]) -> Library:
@@ -280,7 +332,8 @@ def _metadata(name: str, dims: list[DimInfo], sizes: list[int], ins: list[_DimTe
         return {"name": t.name, "dtype": t.dtype, "shape": t.shape,
                 "dims": {str(a): d for a, d in enumerate(t.dims) if d >= 0}}
 
-    data = {"name": name, "aotc_version": __version__, "dims": [{"name": d.name, "max": d.max} for d in dims],
+    data = {"name": name, "aotc_version": __version__,
+            "dims": [{"name": d.name, "max": d.max, "sizes": d.sizes} for d in dims],
             "cores": sizes, "inputs": [tensor(t) for t in ins], "outputs": [tensor(t) for t in outs],
             "workspace_bytes": workspace, "num_kernels": kernels, "build_id": build_id, "target_cpu": tgt.cpu,
             "isa": tgt.isa.name, "target": tgt.metadata(), "thread_pool": pool, "profile": False}

@@ -15,36 +15,42 @@ from aotc.errors import AotcError, RunError, run_error
 class DimOutOfRangeError(RunError):
     code = 16  # aotc.dynamic_library.DIM_OUT_OF_RANGE
     status = "ERR_DIM_OUT_OF_RANGE"
-    meaning = "a size in dims is below 1 or above its bound, or dims is NULL"
+    meaning = "a size in dims is not one the library runs (below 1, above its bound, or not compiled), or dims is NULL"
 
 
 class DynamicModel(CompiledModel):
-    """A compiled model whose first axis varies up to ``dims[0][1]``: ``run`` takes feeds of any size
-    from 1 to the bound and returns outputs of that size. ``inputs``/``outputs`` list the bounds."""
+    """A compiled model with a dimension that varies (``dims``: its name and largest size; ``sizes``:
+    the sizes compiled, or None for every size from 1 to the largest): ``run`` takes feeds of a size
+    it allows and returns outputs of that size. ``inputs``/``outputs`` list the largest shapes."""
 
     def __init__(self, prefix: str | Path, threads: int | ThreadPool = 1) -> None:
         super().__init__(prefix, threads)
         self.dims: list[tuple[str, int]] = [(d["name"], int(d["max"])) for d in self.metadata["dims"]]
-        self._varies = [bool(t["dims"]) for t in self.metadata["inputs"]]
+        self.sizes: list[int] | None = self.metadata["dims"][0].get("sizes")
+        # Per input and output: the axis that varies, or None.
+        self._axis_in = [_axis(t) for t in self.metadata["inputs"]]
+        self._axis_out = [_axis(t) for t in self.metadata["outputs"]]
         self._run_dims = getattr(self._lib, f"{self.name}_run_dims_parallel")
 
     def __repr__(self) -> str:
         (dim, bound), = self.dims
-        sig = ", ".join(f"{t.name}: {t.dtype}[{dim}<={bound}{''.join(f', {d}' for d in t.shape[1:])}]" if v
-                        else f"{t.name}: {t.dtype}{list(t.shape)}"
-                        for t, v in zip(self.inputs, self._varies, strict=True))
+        what = f"{dim}<={bound}" if self.sizes is None else f"{dim} in {self.sizes}"
+        sig = ", ".join(f"{t.name}: {t.dtype}{_shape(t.shape, a, what)}"
+                        for t, a in zip(self.inputs, self._axis_in, strict=True))
         return f"<aotc.DynamicModel {self.name}({sig})>"
 
     def size_of(self, feeds: Mapping[str, object]) -> int:
         """The size of the dimension that varies, from the feeds (each input that has it must agree)."""
         (dim, bound), = self.dims
-        sizes = {t.name: int(np.shape(feeds[t.name])[0]) if np.ndim(feeds[t.name]) else -1
-                 for t, v in zip(self.inputs, self._varies, strict=True) if v and t.name in feeds}
+        sizes = {t.name: int(np.shape(feeds[t.name])[a]) if np.ndim(feeds[t.name]) > a else -1
+                 for t, a in zip(self.inputs, self._axis_in, strict=True) if a is not None and t.name in feeds}
         if len(set(sizes.values())) != 1:
             raise ValueError(f"{self.name}: the inputs disagree on {dim!r}: {sizes}")
         n = next(iter(sizes.values()))
-        if not 1 <= n <= bound:
+        if self.sizes is None and not 1 <= n <= bound:
             raise ValueError(f"{self.name}: {dim!r} is {n}, outside 1..{bound} (the bound it was compiled for)")
+        if self.sizes is not None and n not in self.sizes:
+            raise ValueError(f"{self.name}: {dim!r} is {n}, not one of the sizes compiled ({self.sizes})")
         return n
 
     def run(self, feeds: Mapping[str, object] | Sequence[object], out: Sequence[np.ndarray] | None = None,
@@ -62,9 +68,9 @@ class DynamicModel(CompiledModel):
                              + (f"; unknown: {unknown}" if unknown else "")
                              + (f"; missing: {missing}" if missing else ""))
         n = self.size_of(feeds)
-        arrays = [self._array(t, feeds[t.name], n if v else None)
-                  for t, v in zip(self.inputs, self._varies, strict=True)]
-        shapes = [(n, *t.shape[1:]) for t in self.outputs]
+        arrays = [self._array(t, feeds[t.name], _at(t.shape, a, n))
+                  for t, a in zip(self.inputs, self._axis_in, strict=True)]
+        shapes = [_at(t.shape, a, n) for t, a in zip(self.outputs, self._axis_out, strict=True)]
         if out is None:
             outs = [np.empty(s, t.dtype) for s, t in zip(shapes, self.outputs, strict=True)]
         else:
@@ -86,8 +92,7 @@ class DynamicModel(CompiledModel):
             raise run_error(self.name, rc)
         return outs
 
-    def _array(self, t: TensorSpec, x: object, n: int | None) -> np.ndarray:
-        shape = t.shape if n is None else (n, *t.shape[1:])
+    def _array(self, t: TensorSpec, x: object, shape: tuple[int, ...]) -> np.ndarray:
         if isinstance(x, np.ndarray):
             if x.dtype != t.dtype:
                 raise TypeError(f"{self.name}: input {t.name!r} must be {t.dtype}, got {x.dtype}")
@@ -100,3 +105,17 @@ class DynamicModel(CompiledModel):
     def profile(self, *args: object, **kwargs: object):  # noqa: ANN201
         raise AotcError(f"{self.name} was compiled with --dynamic, which has no profiling build: profile a "
                         "compile for one size")
+
+
+def _axis(t: dict) -> int | None:
+    """The axis of a tensor (its metadata) that varies, or None."""
+    axes = [int(a) for a in t.get("dims", {})]
+    return axes[0] if axes else None
+
+
+def _at(shape: tuple[int, ...], axis: int | None, n: int) -> tuple[int, ...]:
+    return shape if axis is None else (*shape[:axis], n, *shape[axis + 1:])
+
+
+def _shape(shape: tuple[int, ...], axis: int | None, what: str) -> str:
+    return "[" + ", ".join(what if a == axis else str(d) for a, d in enumerate(shape)) + "]"

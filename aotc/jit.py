@@ -99,12 +99,13 @@ class JitModel:
     def compiled(self, feeds: Mapping[str, object]) -> CompiledModel:
         """The library for the shapes of ``feeds`` (by input name), loaded or compiled."""
         sig: Signature = tuple(sorted((k, tuple(int(d) for d in np.shape(v))) for k, v in feeds.items()))
-        if self.dynamic is not None:  # the batch's size is the run's, not the library's
-            varies = self._batch_inputs()
-            (dim, bound), sizes = self.dynamic, {s[0] for k, s in sig if k in varies and s}
-            if any(not 1 <= n <= bound for n in sizes):
-                raise ValueError(f"{self.name}: {dim!r} is {sorted(sizes)}, outside 1..{bound} (the dynamic bound)")
-            sig = tuple((k, (-1, *s[1:]) if k in varies and s else s) for k, s in sig)
+        if self.dynamic is not None:  # the dimension's size is the run's, not the library's
+            axes = self._dynamic_axes()
+            sizes = {s[axes[k]] for k, s in sig if k in axes and len(s) > axes[k]}
+            if not all(self.dynamic.allows(n) for n in sizes):
+                raise ValueError(f"{self.name}: {self.dynamic.dim!r} is {sorted(sizes)}, which dynamic={self.dynamic} "
+                                 "does not allow")
+            sig = tuple((k, _at(s, axes[k], -1) if k in axes and len(s) > axes[k] else s) for k, s in sig)
         with self._lock:
             hit = self._memory.get(sig)
             if hit is not None:
@@ -130,16 +131,15 @@ class JitModel:
             "shapes": sorted((k, list(s)) for k, s in shapes.items()), "options": self._options_key(),
             "target": tgt.metadata(), "cc": _compiler_version(tgt.cc),
             "cpu": _cpu_model() if tgt.cpu == "native" else None,
-            "env": {k: os.environ.get(k) for k in _ENV}, "dynamic": self.dynamic,
+            "env": {k: os.environ.get(k) for k in _ENV}, "dynamic": str(self.dynamic) if self.dynamic else None,
         }
         text = json.dumps(described, sort_keys=True, default=repr)
         return hashlib.sha256(text.encode()).hexdigest()[:32]
 
     def _build(self, directory: Path, shapes: dict[str, tuple[int, ...]]) -> None:
         if self.dynamic is not None:
-            dim, bound = self.dynamic
-            shapes = {k: (1, *s[1:]) if s and s[0] == -1 else s for k, s in shapes.items()}
-            compile_dynamic(self.model, directory, self.name, [f"{dim}<={bound}"], input_shapes=shapes,
+            shapes = {k: tuple(1 if d == -1 else d for d in s) for k, s in shapes.items()}
+            compile_dynamic(self.model, directory, self.name, [str(self.dynamic)], input_shapes=shapes,
                             **self.options)  # type: ignore[arg-type]
         else:
             compile_model(self.model, directory, self.name, input_shapes=shapes, **self.options)  # type: ignore[arg-type]
@@ -173,10 +173,10 @@ class JitModel:
         constants = {i.name for i in proto.graph.initializer}
         return [i.name for i in proto.graph.input if i.name not in constants]
 
-    def _batch_inputs(self) -> set[str]:
-        """The inputs that have the ``dynamic`` dimension."""
+    def _dynamic_axes(self) -> dict[str, int]:
+        """The inputs that have the ``dynamic`` dimension, and its axis in each."""
         assert self.dynamic is not None
-        return set(dynamic_inputs(self._proto(), self.dynamic[0]))
+        return dynamic_inputs(self._proto(), self.dynamic.dim, self.dynamic.batch)
 
     def _pinned(self, name: str) -> bool:
         """Whether the feed ``name`` is a graph input whose shape the compile takes from the feed (a
@@ -248,8 +248,9 @@ def jit(model: str | Path | onnx.ModelProto, *, name: str | None = None, threads
     ``max_cache_bytes``: its size limit (None: none), enforced least recently used first;
     ``memory_entries``: how many libraries stay loaded; ``threads`` as in ``aotc.load``; ``options``:
     ``compile_model``'s target and model options (``config``, ``target_cpu``, ``extra_cflags``, ...).
-    ``dynamic="batch<=32"``: compile one library for every size of that batch dimension
-    (``aotc compile --dynamic``, docs/dynamic_shapes.md) instead of one per size."""
+    ``dynamic="batch<=32"`` (or ``"seq=16,32,64"``): compile one library for every size of that batch
+    dimension (or for the sizes listed; ``aotc compile --dynamic``, docs/dynamic_shapes.md) instead of
+    one per size."""
     return JitModel(model, name=name, threads=threads, cache_dir=cache_dir, max_cache_bytes=max_cache_bytes,
                     memory_entries=memory_entries, dynamic=dynamic, **options)
 
@@ -311,3 +312,7 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor()
+
+
+def _at(shape: tuple[int, ...], axis: int, n: int) -> tuple[int, ...]:
+    return (*shape[:axis], n, *shape[axis + 1:])

@@ -16,7 +16,7 @@ from onnx_helpers import SANITIZE, run_c_program_under_sanitizers
 import aotc
 from aotc.cli import main
 from aotc.dynamic_batch import batch_axes
-from aotc.dynamic_library import DIM_OUT_OF_RANGE, compile_dynamic, core_sizes
+from aotc.dynamic_library import DIM_OUT_OF_RANGE, compile_dynamic, core_sizes, parse_dynamic
 from aotc.dynamic_model import DynamicModel
 from aotc.errors import AotcError
 
@@ -73,13 +73,21 @@ def gathered_mask(seq: int) -> list[onnx.NodeProto]:
     ]
 
 
-def attention_block(seq: int = 6, hidden: int = 8, heads: int = 2, causal: bool = False) -> onnx.ModelProto:
+def attention_block(seq: int = 6, hidden: int = 8, heads: int = 2, causal: bool = False,
+                    varying_seq: bool = False) -> onnx.ModelProto:
     """A BERT-like layer (or GPT-2-like with ``causal``): token embeddings, one attention with the
     padding mask input, a residual and LayerNorm; head reshapes with 0 and Shape-computed targets.
-    The GPT-2-like one reads its mask through ``gathered_mask`` and gives positions to an Expand."""
+    The GPT-2-like one reads its mask through ``gathered_mask`` and gives positions to an Expand.
+    ``varying_seq``: a batch of 2 and a symbolic sequence length S, positions looked up by Range(S)."""
     hd = hidden // heads
     nodes = [helper.make_node("Gather", ["emb", "ids"], ["h"])]
-    if causal:  # positions expanded to [B, seq, hidden] by a shape holding the batch size
+    if varying_seq:
+        nodes += [helper.make_node("Shape", ["ids"], ["ids_s"]),
+                  helper.make_node("Gather", ["ids_s", "one_i"], ["s_len"], axis=0),
+                  helper.make_node("Range", ["zero", "s_len", "one_i"], ["positions"]),
+                  helper.make_node("Gather", ["pos_table", "positions"], ["pos_s"]),
+                  helper.make_node("Add", ["h", "pos_s"], ["h0"])]
+    elif causal:  # positions expanded to [B, seq, hidden] by a shape holding the batch size
         nodes += [helper.make_node("Shape", ["ids"], ["ids_b"], end=1),
                   helper.make_node("Concat", ["ids_b", "seq_hidden"], ["pos_shape"], axis=0),
                   helper.make_node("Expand", ["pos1", "pos_shape"], ["pos_e"]),
@@ -130,9 +138,10 @@ def attention_block(seq: int = 6, hidden: int = 8, heads: int = 2, causal: bool 
              init("zero", np.array(0, np.int64)), init("one_i", np.array(1, np.int64)),
              init("axes123", np.array([1, 2, 3], np.int64)), init("seq_i", np.array(seq, np.int64)),
              init("kv", np.arange(seq, dtype=np.int64).reshape(1, 1, 1, seq)), init("last", np.array([-1], np.int64)),
-             init("seq_hidden", np.array([seq, hidden], np.int64)), init("pos1", _f32(1, seq, hidden))]
-    return make(nodes, [vi("ids", ["B", seq], I64), vi("mask", ["B", seq], I64)], [vi("y", ["B", seq, hidden])],
-                inits, opset=17)
+             init("seq_hidden", np.array([seq, hidden], np.int64)), init("pos1", _f32(1, seq, hidden)),
+             init("pos_table", _f32(16, hidden))]
+    b, s = (2, "S") if varying_seq else ("B", seq)
+    return make(nodes, [vi("ids", [b, s], I64), vi("mask", [b, s], I64)], [vi("y", [b, s, hidden])], inits, opset=17)
 
 
 def attention_feeds(n: int, seq: int = 6) -> dict[str, np.ndarray]:
@@ -143,9 +152,13 @@ def attention_feeds(n: int, seq: int = 6) -> dict[str, np.ndarray]:
 
 
 def test_core_sizes() -> None:
-    assert core_sizes(1) == [1]
-    assert core_sizes(32) == [1, 2, 4, 8, 16, 32]
-    assert core_sizes(6) == [1, 2, 4, 6]
+    assert core_sizes(parse_dynamic("b<=1")) == [1]
+    assert core_sizes(parse_dynamic("b<=32")) == [1, 2, 4, 8, 16, 32]
+    assert core_sizes(parse_dynamic("x:0 <= 6")) == [1, 2, 4, 6]
+    assert core_sizes(parse_dynamic("seq = 8, 4,4")) == [4, 8]
+    for bad in ("seq=8", "b<=0", "b<32", "seq=0,4"):
+        with pytest.raises(AotcError, match="--dynamic"):
+            parse_dynamic(bad)
 
 
 @pytest.mark.parametrize(("model", "spec", "inputs"), [
@@ -181,6 +194,26 @@ def test_threads_and_the_bound_entry_points(tmp_path: Path) -> None:
     out = np.empty((3, 5), np.float32)
     assert lib.run([x[:3]], out=[out])[0] is out
     np.testing.assert_array_equal(out, lib.run({"x": x})[0][:3])  # per sample: the same at any size
+
+
+def test_listed_sizes_of_a_sequence_length(tmp_path: Path) -> None:
+    """A sequence length under attention is no batch: one core per listed size, each exact."""
+    m = attention_block(varying_seq=True)
+    with pytest.raises(AotcError, match="axis 1 of input 'ids'.*list the sizes"):
+        compile_dynamic(m, tmp_path, "seq", ["S<=8"])
+    res = compile_dynamic(m, tmp_path, "seq", ["S=4,6"])
+    assert res.cores == [4, 6]
+    lib = aotc.load(tmp_path / "seq")
+    assert lib.sizes == [4, 6] and lib.dims == [("S", 6)]
+    for n in (4, 6):
+        feeds = attention_feeds(2, seq=n)
+        np.testing.assert_allclose(lib.run(feeds)[0], ort_run(m, feeds)[0], rtol=2e-4, atol=2e-4)
+    with pytest.raises(ValueError, match="not one of the sizes compiled"):
+        lib.run(attention_feeds(2, seq=5))
+    ffi = lib._ffi  # the C entry point refuses a size it has no core for
+    assert lib._run_dims(ffi.new("int64_t[]", [5]), ffi.NULL, ffi.NULL, ffi.NULL, 0, ffi.NULL) == DIM_OUT_OF_RANGE
+    header = (tmp_path / "seq.h").read_text()
+    assert "dimension 0: S, one of 4, 6" in header and "int64_t seq_dim_size(int d, int i);" in header
 
 
 # The C API at size 1, at the bound, and refused sizes, under ASan/UBSan: inputs are heap blocks of

@@ -182,13 +182,21 @@ def test_dynamic_compiles_one_library_for_every_batch_size(model_file: Path, tmp
         x = rng.standard_normal((batch, 16)).astype(np.float32)
         np.testing.assert_allclose(f(x=x)[0], ort_run(symbolic_mlp(), {"x": x})[0], rtol=1e-5, atol=1e-5)
     assert f.compiles == 1
-    with pytest.raises(ValueError, match="outside 1..4"):
+    with pytest.raises(ValueError, match=r"is \[5\], which dynamic=batch<=4 does not allow"):
         f(x=np.zeros((5, 16), np.float32))
     g = aotc.jit(model_file, cache_dir=tmp_path / "cache", dynamic="batch<=4")
     g(x=np.zeros((3, 16), np.float32))
     assert (g.compiles, g.disk_hits) == (0, 1)
     with pytest.raises(TypeError, match="unknown option.*config.*with dynamic"):
         aotc.jit(model_file, dynamic="batch<=4", config="c.pbtxt")
+    # Listed sizes of a dimension: one library for them all, other sizes refused before any compile.
+    h = aotc.jit(model_file, cache_dir=tmp_path / "cache", dynamic="batch=2,3")
+    for batch in (3, 2):
+        x = rng.standard_normal((batch, 16)).astype(np.float32)
+        np.testing.assert_allclose(h(x=x)[0], ort_run(symbolic_mlp(), {"x": x})[0], rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="is \\[4\\], which dynamic=batch=2,3 does not allow"):
+        h(x=np.zeros((4, 16), np.float32))
+    assert h.compiles == 1
 
 
 def test_the_key_follows_model_shapes_and_options(model_file: Path, tmp_path: Path) -> None:
