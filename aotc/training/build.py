@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from aotc.errors import AotcError
-from aotc.ir.graph import Graph, Node, Value
+from aotc.ir.graph import Graph, Value
 from aotc.ops.grads.builder import GradBuilder
 from aotc.ops.registry import OPS
 from aotc.passes.propagate import propagate
 from aotc.training.autodiff import gradients, lower_runtime_convs
 from aotc.training.dropout import dropout_inference, dropout_training
-from aotc.training.optimizers import apply_optimizer
+from aotc.training.optimizers import MakeState, apply_optimizer
 from aotc.training.spec import Loss, Train
 from aotc.training.state import StateLayout
 
@@ -37,6 +37,8 @@ FLOATS = (np.float16, np.float32, np.float64)
 
 @dataclass
 class TrainingGraphs:
+    """What a --train compile generates from: NAME_run's graph, NAME_train_step's, and the state."""
+
     inference: Graph
     train: Graph
     layout: StateLayout
@@ -112,7 +114,7 @@ def _positions(graph: Graph, offset: dict[int, int]) -> dict[int, int]:
     return {i: offset[id(v)] for i, v in enumerate(graph.inputs) if id(v) in offset}
 
 
-def _state_input(graph: Graph, layout: StateLayout, offset: dict[int, int]):
+def _state_input(graph: Graph, layout: StateLayout, offset: dict[int, int]) -> MakeState:
     """A factory the optimizer calls for each tensor it keeps between steps (a moment, the step
     counter, the learning rate): a new input of ``graph`` in a new state slot, ``init`` or zero at first."""
     def make(name: str, role: str, shape: tuple[int, ...], dtype: np.dtype, init: np.ndarray | None = None) -> Value:
@@ -122,15 +124,6 @@ def _state_input(graph: Graph, layout: StateLayout, offset: dict[int, int]):
         offset[id(x)] = slot.offset
         return x
     return make
-
-
-def _uses(graph: Graph) -> dict[int, list[tuple[Node, int]]]:
-    res: dict[int, list[tuple[Node, int]]] = {}
-    for n in graph.nodes:
-        for i, v in enumerate(n.inputs):
-            if v is not None:
-                res.setdefault(id(v), []).append((n, i))
-    return res
 
 
 def _parameters(graph: Graph, initializers: set[str], names: list[str] | None) -> list[Value]:
