@@ -156,8 +156,8 @@ GATHERED = np.random.default_rng(9).integers(-24, 24, (10, 5))
 
 
 def _every_backward_kernel():
-    """The CNN plus Gather, GatherElements, TopK, a strided Slice and two AveragePools on the loss:
-    every internal kernel."""
+    """The CNN plus Gather, GatherElements, TopK, a strided Slice, two AveragePools and a depthwise
+    Conv on the loss: every internal kernel."""
     model, _ = _cnn()
     model.graph.node[-1].output[0] = "loss0"
     model.graph.node.extend([
@@ -174,11 +174,16 @@ def _every_backward_kernel():
         helper.make_node("Mul", ["tv", "tv"], ["tq"]),
         helper.make_node("ReduceSum", ["e"], ["le"], keepdims=0),
         helper.make_node("ReduceSum", ["tq"], ["lt"], keepdims=0),
-        helper.make_node("Sum", ["loss0", "ls", "la", "la2", "le", "lt"], ["loss"])])
+        helper.make_node("Conv", ["c1", "wd"], ["dwc"], group=4, strides=[2, 2], pads=[1, 1, 1, 1]),
+        helper.make_node("Mul", ["dwc", "dwc"], ["dq"]),
+        helper.make_node("ReduceSum", ["dq"], ["ld"], keepdims=0),
+        helper.make_node("Sum", ["loss0", "ls", "la", "la2", "le", "lt", "ld"], ["loss"])])
+    model.graph.input.append(_vi("wd", [8, 1, 3, 3]))
     model.graph.initializer.extend(numpy_helper.from_array(np.array(v, np.int64), n) for n, v in
                                    (("idx", [3, 0, 3]), ("st", [-1]), ("en", [-100]), ("ax", [0]), ("sp", [-3]),
                                     ("ge", GATHERED), ("k", [2])))
     arrays, t = _cnn_feeds(2)
+    arrays["wd"] = np.random.default_rng(8).standard_normal((8, 1, 3, 3)).astype(np.float32)
     return _with_gradients(model, list(arrays), "m"), arrays, t
 
 
@@ -190,7 +195,8 @@ def test_backward_kernels_are_clean_under_sanitizers(tmp_path) -> None:
     p = _torch(arrays)
     loss = (_cnn_loss(p, t) + p["w3"][:, [3, 0, 3]][[9, 6, 3, 0]].sum()
             + (F.avg_pool2d(p["x"], 3, 2, 1, count_include_pad=False) ** 2).sum() + F.avg_pool2d(p["x"], 2).sum()
-            + torch.gather(p["w3"], 1, torch.tensor(GATHERED % 24)).sum() + (torch.topk(p["w3"], 2).values ** 2).sum())
+            + torch.gather(p["w3"], 1, torch.tensor(GATHERED % 24)).sum() + (torch.topk(p["w3"], 2).values ** 2).sum()
+            + (F.conv2d(F.conv2d(p["x"], p["w1"], p["b1"], padding=1), p["wd"], None, 2, 1, groups=4) ** 2).sum())
     loss.backward()
     expected = [np.array(loss.item(), np.float32), *(p[n].grad.numpy().astype(np.float32) for n in arrays)]
     feeds = {**arrays, "t": t}

@@ -7,7 +7,7 @@ G[g, m, (n, o)], per group g:
     dW = G @ cols           dCols = G^T @ W, folded back onto the input by ``aotc.Col2Im``
     dB = the sum of G over batch and positions
 
-Groups are the batch of the products; a depthwise conv is a batch of one-row products.
+Groups are the batch of the products; depthwise convs have kernels of their own (depthwise.py).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 from aotc.ir.graph import Node
 from aotc.ops.conv.common import Geometry
 from aotc.ops.grads.builder import GradBuilder, Grads, rule
-from aotc.ops.grads.depthwise import one_channel_per_group
+from aotc.ops.grads.depthwise import depthwise
 from aotc.ops.grads.pool import forward_attrs, forward_geometry
 from aotc.ops.registry import OpDef, register
 
@@ -96,7 +96,7 @@ def _conv(b: GradBuilder, node: Node, dys: Grads, needs: list[bool]) -> Grads:
     grp, n, mg = geo.group, geo.n, geo.m // geo.group
     rows = n * geo.out_size
     gx = gw = gb = None
-    if one_channel_per_group(node):
+    if depthwise(node):
         gx = b.op("aotc.DepthwiseGradInput", gy, w, **attrs) if needs[0] else None
         gw = b.op("aotc.DepthwiseGradWeight", x, gy, **attrs) if needs[1] else None
         needs = [False, False, *needs[2:]]
