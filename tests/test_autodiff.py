@@ -101,11 +101,14 @@ def _cnn():
     return _model(nodes, inputs, inits, opset=15), shapes
 
 
-def _cnn_loss(p, t):
+def _cnn_logits(p):
     h = F.batch_norm(F.conv2d(p["x"], p["w1"], p["b1"], padding=1), None, None, p["s1"], p["o1"], training=True)
     h = F.conv2d(F.max_pool2d(torch.relu(h), 2), p["w2"], None, 2, 1, groups=2)
-    z = torch.relu(h).reshape(len(t), -1) @ p["w3"].T + p["b3"]
-    return F.cross_entropy(z, torch.tensor(t))
+    return torch.relu(h).reshape(len(p["x"]), -1) @ p["w3"].T + p["b3"]
+
+
+def _cnn_loss(p, t):
+    return F.cross_entropy(_cnn_logits(p), torch.tensor(t))
 
 
 def _cnn_feeds(seed):
@@ -153,11 +156,12 @@ def test_refusals_and_values_the_loss_does_not_read() -> None:
 
 
 GATHERED = np.random.default_rng(9).integers(-24, 24, (10, 5))
+CLASS_WEIGHTS = np.linspace(0.5, 1.5, 10, dtype=np.float32)
 
 
 def _every_backward_kernel():
-    """The CNN plus Gather, GatherElements, TopK, a strided Slice, two AveragePools and a depthwise
-    Conv on the loss: every internal kernel."""
+    """The CNN plus Gather, GatherElements, TopK, a strided Slice, two AveragePools, a depthwise Conv and
+    a weighted NLL loss on the loss: every internal kernel."""
     model, _ = _cnn()
     model.graph.node[-1].output[0] = "loss0"
     model.graph.node.extend([
@@ -177,7 +181,10 @@ def _every_backward_kernel():
         helper.make_node("Conv", ["c1", "wd"], ["dwc"], group=4, strides=[2, 2], pads=[1, 1, 1, 1]),
         helper.make_node("Mul", ["dwc", "dwc"], ["dq"]),
         helper.make_node("ReduceSum", ["dq"], ["ld"], keepdims=0),
-        helper.make_node("Sum", ["loss0", "ls", "la", "la2", "le", "lt", "ld"], ["loss"])])
+        helper.make_node("LogSoftmax", ["z"], ["lsm"], axis=1),
+        helper.make_node("NegativeLogLikelihoodLoss", ["lsm", "t", "cw"], ["lnll"], ignore_index=3),
+        helper.make_node("Sum", ["loss0", "ls", "la", "la2", "le", "lt", "ld", "lnll"], ["loss"])])
+    model.graph.initializer.append(numpy_helper.from_array(CLASS_WEIGHTS, "cw"))
     model.graph.input.append(_vi("wd", [8, 1, 3, 3]))
     model.graph.initializer.extend(numpy_helper.from_array(np.array(v, np.int64), n) for n, v in
                                    (("idx", [3, 0, 3]), ("st", [-1]), ("en", [-100]), ("ax", [0]), ("sp", [-3]),
@@ -196,7 +203,9 @@ def test_backward_kernels_are_clean_under_sanitizers(tmp_path) -> None:
     loss = (_cnn_loss(p, t) + p["w3"][:, [3, 0, 3]][[9, 6, 3, 0]].sum()
             + (F.avg_pool2d(p["x"], 3, 2, 1, count_include_pad=False) ** 2).sum() + F.avg_pool2d(p["x"], 2).sum()
             + torch.gather(p["w3"], 1, torch.tensor(GATHERED % 24)).sum() + (torch.topk(p["w3"], 2).values ** 2).sum()
-            + (F.conv2d(F.conv2d(p["x"], p["w1"], p["b1"], padding=1), p["wd"], None, 2, 1, groups=4) ** 2).sum())
+            + (F.conv2d(F.conv2d(p["x"], p["w1"], p["b1"], padding=1), p["wd"], None, 2, 1, groups=4) ** 2).sum()
+            + F.nll_loss(_cnn_logits(p).log_softmax(1), torch.tensor(t), torch.tensor(CLASS_WEIGHTS).double(),
+                         ignore_index=3))
     loss.backward()
     expected = [np.array(loss.item(), np.float32), *(p[n].grad.numpy().astype(np.float32) for n in arrays)]
     feeds = {**arrays, "t": t}

@@ -44,7 +44,7 @@ def _grad_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
                   "  sw += u_w;", "}"]
     lines += [f"for (size_t r = task; r < {n * d}; r += ntasks) {{",
               f"  const size_t i = r / {d}, k = r % {d};",
-              f"  const {ctype} *xr = {xs} + i * {c * d} + k;",
+              *([f"  const {ctype} *xr = {xs} + i * {c * d} + k;"] if sce else []),
               f"  {ctype} *dr = {outs[0]} + i * {c * d} + k;",
               *target("t", "r")]
     coef = {"mean": f"(double){g}[0] * t_w / sw", "sum": f"(double){g}[0] * t_w"}.get(red, f"(double){g}[r] * t_w")
