@@ -4,6 +4,7 @@ not in the numbers.
 
     python benchmarks/dynamic_dims.py --model mlp --bound 32 --sizes 1 8 13 32
     python benchmarks/dynamic_dims.py --model resnet18 --bound 8 --sizes 1 3 7 8
+    python benchmarks/dynamic_dims.py --model bert-seq --sizes 16 32 64 128   # --dynamic seq=16,32,64,128
 """
 
 from __future__ import annotations
@@ -70,21 +71,21 @@ RUN = r"""
 """
 
 
-def model(kind: str) -> tuple[onnx.ModelProto, str]:
-    """The model with a symbolic batch dimension, and that dimension's name."""
+def model(kind: str) -> tuple[onnx.ModelProto, str, int]:
+    """The model with a symbolic dimension, that dimension's name and its axis in the inputs."""
     if kind == "mlp":
         from models import mlp
 
         m = mlp(1, sizes=(784, 512, 512, 10))
         for t in (m.graph.input[0], m.graph.output[0]):
             t.type.tensor_type.shape.dim[0].dim_param = "batch"
-        return m, "batch"
+        return m, "batch", 0
     import warnings
 
     import real_models as rm
     import torch
 
-    arch = {"resnet18": "bench_resnet18", "bert": "bench_bert"}[kind]
+    arch = {"resnet18": "bench_resnet18", "bert": "bench_bert", "bert-seq": "bench_bert"}[kind]
     if kind == "resnet18":
         rm.ARCHS[arch] = rm.Arch(arch, rm._timm("resnet18", image=224), "timm")
     else:
@@ -92,14 +93,15 @@ def model(kind: str) -> tuple[onnx.ModelProto, str]:
 
         rm.ARCHS[arch] = rm.Arch(arch, _bert_4l_256, "transformers")
     module, feeds = rm.ARCHS[arch].build()
+    dim, axis = ("seq", 1) if kind == "bert-seq" else ("batch", 0)
     with tempfile.TemporaryDirectory() as d, torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(module, tuple(torch.from_numpy(v) for v in feeds.values()), f"{d}/m.onnx",
                           opset_version=17, dynamo=False, input_names=list(feeds), output_names=["y"],
-                          dynamic_axes={k: {0: "batch"} for k in [*feeds, "y"]})
+                          dynamic_axes={k: {axis: dim} for k in [*feeds, "y"]})
         m = onnx.load(f"{d}/m.onnx")
     m.ir_version = min(m.ir_version, 9)
-    return m, "batch"
+    return m, dim, axis
 
 
 def main() -> None:
@@ -107,21 +109,22 @@ def main() -> None:
     from aotc.dynamic_library import compile_dynamic
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", choices=["mlp", "resnet18", "bert"], default="mlp")
+    ap.add_argument("--model", choices=["mlp", "resnet18", "bert", "bert-seq"], default="mlp",
+                    help="bert-seq: BERT with a dynamic sequence length, compiled for the sizes listed")
     ap.add_argument("--bound", type=int, default=32)
     ap.add_argument("--sizes", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--rounds", type=int, default=41)
     ap.add_argument("--target-cpu", default=None, help="e.g. x86-64-v3 (AVX2) or x86-64-v4 (AVX-512)")
     ap.add_argument("--out", default=None, help="build directory (default: a temporary one)")
     args = ap.parse_args()
-    m, dim = model(args.model)
+    m, dim, axis = model(args.model)
     out = Path(args.out or tempfile.mkdtemp(prefix="aotc-dyn-bench-"))
-    res = compile_dynamic(m, out, "dyn", [f"{dim}<={args.bound}"], target_cpu=args.target_cpu)
-    shapes = {}
+    spec = f"{dim}={','.join(map(str, args.sizes))}" if axis else f"{dim}<={args.bound}"
+    res = compile_dynamic(m, out, "dyn", [spec], target_cpu=args.target_cpu)
     for n in args.sizes:
-        shapes[n] = {vi.name: tuple(n if i == 0 else d.dim_value for i, d in enumerate(vi.type.tensor_type.shape.dim))
-                     for vi in m.graph.input if vi.name not in {t.name for t in m.graph.initializer}}
-        compile_model(m, out, f"ex{n}", input_shapes=shapes[n], target_cpu=args.target_cpu)
+        shapes = {vi.name: tuple(n if i == axis else d.dim_value for i, d in enumerate(vi.type.tensor_type.shape.dim))
+                  for vi in m.graph.input if vi.name not in {t.name for t in m.graph.initializer}}
+        compile_model(m, out, f"ex{n}", input_shapes=shapes, target_cpu=args.target_cpu)
     meta = json.loads((out / "dyn.json").read_text())
     nbytes = {t["name"]: np.dtype(t["dtype"]).itemsize * int(np.prod(t["shape"]))
               for t in meta["inputs"] + meta["outputs"]}
@@ -137,9 +140,9 @@ def main() -> None:
                     str(out / "bench")], check=True)
     lines = subprocess.run([str(out / "bench")], capture_output=True, text=True, check=True).stdout.split("\n")
     isa = meta["isa"]
-    print(f"{args.model}, --dynamic {dim}<={args.bound} (cores {res.cores}), {isa} kernels, "
+    print(f"{args.model}, --dynamic {spec} (cores {res.cores}), {isa} kernels, "
           f"--target-cpu {meta['target_cpu']}, 1 thread, medians of {args.rounds} alternating rounds")
-    print("| batch | exact library | dynamic library | dynamic / exact |")
+    print(f"| {dim} | exact library | dynamic library | dynamic / exact |")
     print("|---|---|---|---|")
     for line in filter(None, lines):
         n, te, td = line.split()
