@@ -201,7 +201,7 @@ def test_listed_sizes_of_a_sequence_length(tmp_path: Path) -> None:
     m = attention_block(varying_seq=True)
     with pytest.raises(AotcError, match="axis 1 of input 'ids'.*list the sizes"):
         compile_dynamic(m, tmp_path, "seq", ["S<=8"])
-    res = compile_dynamic(m, tmp_path, "seq", ["S=4,6"])
+    res = compile_dynamic(m, tmp_path, "seq", ["S=4,6"], extra_cflags=["-Wall", "-Wextra", "-Werror"])
     assert res.cores == [4, 6]
     lib = aotc.load(tmp_path / "seq")
     assert lib.sizes == [4, 6] and lib.dims == [("S", 6)]
