@@ -1,10 +1,11 @@
 """One layer per kernel family, built for AVX2 and for AVX-512 in one run, beside onnxruntime.
 
-    python benchmarks/conv_isa.py [--threads 1] [--quick] [--only stem]
+    python benchmarks/conv_isa.py [--threads 1] [--quick] [--only stem] [--models [resnet18 ...]]
 
 Each case is a single-layer ONNX model (batch 1, random weights, the layer's usual activation
 fused): direct 3x3 convs, the 3 -> 32 3x3 stems of MobileNet/EfficientNet (224x224, stride 2) and
-of a small net (64x64, stride 1), 1x1 convs, depthwise 3x3, Winograd 3x3, pools and a GEMM. aotc
+of a small net (64x64, stride 1), 1x1 convs, depthwise 3x3, Winograd 3x3, pools and a GEMM; with
+``--models``, whole timm CNNs too (ResNet-18/50, MobileNetV2, EfficientNet-B0, 224x224). aotc
 compiles each twice, ``--target-cpu x86-64-v3`` (AVX2 + FMA) and ``x86-64-v4`` (AVX-512); the two
 libraries and onnxruntime (all graph optimizations, the same thread count) are timed in alternating
 slices (benchmarks/compare.py), so machine load hits all three alike. Printed: the fastest call's
@@ -40,8 +41,29 @@ class Layer:
     family: str
     label: str
     model: onnx.ModelProto
-    x: np.ndarray
+    x: np.ndarray | None    # the input "x" of a single layer
     flops: float
+    feeds: dict | None = None  # a whole model's inputs
+
+    def inputs(self) -> dict:
+        return self.feeds if self.feeds is not None else {"x": self.x}
+
+
+MODELS = ["resnet18", "resnet50", "mobilenetv2_100", "efficientnet_b0"]
+
+
+def timm_models(names: list[str]) -> list[Layer]:
+    """timm CNNs at 224x224, batch 1, random weights, exported and cached by tests/real_models.py."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    import real_models as rm
+
+    out = []
+    for name in names:
+        arch = rm.Arch(f"bench_{name}", rm._timm(name, image=224), "timm")
+        rm.ARCHS[arch.name] = arch
+        path, feeds = rm.exported(arch.name, 17, False)
+        out.append(Layer("model", f"{name} 224 b1", onnx.load(str(path)), None, 0.0, feeds))
+    return out
 
 
 def _conv(family: str, label: str, c: int, m: int, hw: int, k: int, stride: int = 1, group: int = 1,
@@ -132,6 +154,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--quick", action="store_true", help="shorter timing (noisier)")
     ap.add_argument("--only", default="", help="cases whose family or label contains this text")
+    ap.add_argument("--models", nargs="*", metavar="TIMM_NAME",
+                    help=f"also whole timm CNNs (default {' '.join(MODELS)}; needs torch and timm)")
     args = ap.parse_args()
 
     import onnxruntime as ort
@@ -143,28 +167,29 @@ def main() -> None:
     iters, secs = (5, 0.3) if args.quick else (20, 1.5)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for i, layer in enumerate(layers()):
+        cases = layers() + (timm_models(args.models or MODELS) if args.models is not None else [])
+        for i, layer in enumerate(cases):
             if args.only and args.only not in layer.family + " " + layer.label:
                 continue
-            fns, libs = {}, {}
+            fns, libs, feeds = {}, {}, layer.inputs()
             for isa, cpu in isas.items():
                 res = compile_model(layer.model, Path(tmp) / f"{isa}{i}", f"l{i}_{isa}", target_cpu=cpu)
                 libs[isa] = aotc.load(res.prefix, threads=args.threads)
-                fns[isa] = lambda m=libs[isa], x=layer.x: m.run({"x": x})
+                fns[isa] = lambda m=libs[isa], f=feeds: m.run(f)
             opts = ort.SessionOptions()
             opts.intra_op_num_threads, opts.inter_op_num_threads = args.threads, 1
             opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
             sess = ort.InferenceSession(layer.model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-            fns["ort"] = lambda s=sess, x=layer.x: s.run(None, {"x": x})
-            want = sess.run(None, {"x": layer.x})[0]
+            fns["ort"] = lambda s=sess, f=feeds: s.run(None, f)
+            want = sess.run(None, feeds)[0]
             for isa, m in libs.items():
-                got = m.run({"x": layer.x})[0]
+                got = m.run(feeds)[0]
                 err = float(np.max(np.abs(got - want)) / (np.max(np.abs(want)) or 1.0))
                 if err > 1e-3:
                     print(f"{layer.label} ({isa}): relative error {err:.2e} against onnxruntime", file=sys.stderr)
             med, t = timed(fns, iters, secs)
             rows.append((layer, t, med))
-            print(f"  {layer.family}: {layer.label}: medians " + ", ".join(f"{k} {v * 1e6:.1f} us"
+            print(f"  {layer.family}: {layer.label}: medians " + ", ".join(f"{k} {v * 1e6:.0f} us"
                                                                       for k, v in med.items()), file=sys.stderr)
     print(f"Machine: {machine()}; {args.threads} thread(s); batch 1; fastest calls; onnxruntime {ort.__version__}")
     hdr = ["family", "layer", "ORT us"] + [f"{k} us" for k in isas] + [f"{k}/ORT" for k in isas]
@@ -176,7 +201,7 @@ def main() -> None:
         cells += [f"{t[k] * 1e6:.1f}" for k in isas] + [f"{t[k] / t['ort']:.2f}" for k in isas]
         if len(isas) == 2:
             cells.append(f"{t['avx512'] / t['avx2']:.2f}")
-        cells.append(f"{layer.flops / min(t[k] for k in isas) / 1e9:.1f}")
+        cells.append(f"{layer.flops / min(t[k] for k in isas) / 1e9:.1f}" if layer.flops else "")
         cells += [f"{med[k] / med['ort']:.2f}" for k in isas]
         print("| " + " | ".join(cells) + " |")
 
