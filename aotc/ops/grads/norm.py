@@ -24,6 +24,27 @@ def _bn_grad_infer(node: Node):
     return [(x.shape, x.dtype), (s.shape, s.dtype), (s.shape, s.dtype)]
 
 
+_LANES = 16  # partial sums per row: independent adds the compiler vectorizes (one sum would stay serial)
+
+
+def _row_sums(n: int, c: int, inner: int, ctype: str, sums: dict[str, str]) -> list[str]:
+    """Add, over the channel's rows, each expression of ``sums`` (in ``j``, the position in the row
+    ``xr``/``gr``) into the double of its name: lane by lane in ``ctype`` within a row, then in double."""
+    lanes = ", ".join(f"L_{k}[{_LANES}] = {{0}}" for k in sums)
+    def adds(lane: str, at: str) -> str:
+        return " ".join(f"L_{k}[{lane}] += {e.replace('[j]', f'[{at}]')};" for k, e in sums.items())
+    return [f"  for (size_t b = 0; b < {n}; b++) {{",
+            f"    const {ctype} *xr = x + (b * {c} + ch) * {inner}, *gr = g + (b * {c} + ch) * {inner};",
+            "    (void)xr; (void)gr;",
+            f"    {ctype} {lanes};",
+            "    size_t k = 0;",
+            f"    for (; k + {_LANES} <= {inner}; k += {_LANES})",
+            f"      for (size_t l = 0; l < {_LANES}; l++) {{ {adds('l', 'k + l')} }}",
+            f"    for (; k < {inner}; k++) {{ {adds('0', 'k')} }}",
+            f"    for (size_t l = 0; l < {_LANES}; l++) {{ {' '.join(f'{k} += L_{k}[l];' for k in sums)} }}",
+            "  }"]
+
+
 def _bn_grad_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
     """With xh = (x - m) / sqrt(v + eps) over the channel's N * HW elements:
     dBias = sum g, dScale = sum g xh, dX = scale / sqrt(v + eps) (g - dBias / NHW - xh dScale / NHW)."""
@@ -34,20 +55,26 @@ def _bn_grad_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> st
     cnt = n * inner
     eps = float(node.attr("epsilon", 1e-5))
     st = dtypes.c_type(node.inputs[1].dtype)
-    xs, sc, g = ins
-    each = (f"  for (size_t b = 0; b < {n}; b++) for (size_t k = 0; k < {inner}; k++) {{\n"
-            f"    const size_t i = (b * {c} + ch) * {inner} + k;\n")
-    return (f"for (size_t ch = task; ch < {c}; ch += ntasks) {{\n"
-            f"  double s = 0, ss = 0, sg = 0, sgx = 0;\n"
-            f"{each}    s += {xs}[i];\n  }}\n"
-            f"  const double m = s / {cnt};\n"
-            f"{each}    const double d = {xs}[i] - m; ss += d * d;\n  }}\n"
-            f"  const double inv = 1 / sqrt(ss / {cnt} + {eps!r});\n"
-            f"{each}    sg += {g}[i]; sgx += {g}[i] * ({xs}[i] - m) * inv;\n  }}\n"
-            f"  const double k1 = {sc}[ch] * inv, mg = sg / {cnt}, mgx = sgx / {cnt};\n"
-            f"{each}    {outs[0]}[i] = ({ctype})(k1 * ({g}[i] - mg - ({xs}[i] - m) * inv * mgx));\n  }}\n"
-            f"  {outs[1]}[ch] = ({st})sgx;\n"
-            f"  {outs[2]}[ch] = ({st})sg;\n}}")
+    return "\n".join([
+        f"const {ctype} *x = {ins[0]}, *g = {ins[2]};",
+        f"for (size_t ch = task; ch < {c}; ch += ntasks) {{",
+        "  double s = 0, ss = 0, sg = 0, sgx = 0;",
+        *_row_sums(n, c, inner, ctype, {"s": "xr[j]"}),
+        f"  const {ctype} m = ({ctype})(s / {cnt});",
+        *_row_sums(n, c, inner, ctype, {"ss": "(xr[j] - m) * (xr[j] - m)"}),
+        f"  const double inv = 1 / sqrt(ss / {cnt} + {eps!r});",
+        *_row_sums(n, c, inner, ctype, {"sg": "gr[j]", "sgx": "gr[j] * (xr[j] - m)"}),
+        "  sgx *= inv;",
+        f"  const {ctype} k1 = ({ctype})({ins[1]}[ch] * inv), mg = ({ctype})(sg / {cnt}), "
+        f"kx = ({ctype})(inv * sgx / {cnt});",
+        f"  for (size_t b = 0; b < {n}; b++) {{",
+        f"    const size_t at = (b * {c} + ch) * {inner};",
+        f"    for (size_t k = 0; k < {inner}; k++) "
+        f"{outs[0]}[at + k] = k1 * (g[at + k] - mg - (x[at + k] - m) * kx);",
+        "  }",
+        f"  {outs[1]}[ch] = ({st})sgx;",
+        f"  {outs[2]}[ch] = ({st})sg;",
+        "}"])
 
 
 register(OpDef("aotc.BatchNormalizationGrad", "kernel", _bn_grad_infer, emit=_bn_grad_emit))
