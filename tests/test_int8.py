@@ -44,8 +44,9 @@ def _feeds(model: onnx.ModelProto, seed: int = 1) -> dict[str, np.ndarray]:
 
 
 def _compile(model: onnx.ModelProto, out: Path, **kw):
+    """The library, and the ops of its graph with the dtypes of their first inputs."""
     res = compile_model(model, out, "q", **kw)
-    ops = {n.op for n in res.graph.nodes}
+    ops = {n.op for n in res.graph.nodes} | {f"{n.op}:{n.inputs[0].dtype}" for n in res.graph.nodes if n.inputs}
     return aotc.load(res.prefix), ops
 
 
@@ -54,6 +55,7 @@ def _check(model: onnx.ModelProto, tmp_path: Path, packed: bool = True, **kw) ->
     want = ort_run(model, feeds)[0]
     m, ops = _compile(model, tmp_path, **kw)
     assert ("aotc.QLinearConv" in ops) == packed, ops
+    assert "MaxPool:float32" not in ops, ops  # pooled as bytes
     got = m.run(feeds)[0]
     assert got.shape == want.shape
     np.testing.assert_array_equal(got, want)
@@ -127,20 +129,21 @@ def test_qdq_conv_relu_before_quantize(relu: bool, tmp_path) -> None:
 
 
 def _small_cnn() -> onnx.ModelProto:
-    """Conv-Relu, a strided conv, a residual add and a pool: the blocks of a quantized ResNet."""
+    """Conv-Relu, a max pool, a strided conv, a residual add and a pool: the blocks of a quantized ResNet."""
     rng = np.random.default_rng(5)
 
     def w(m, c, k):
         return init(f"w{m}_{c}_{k}", (rng.standard_normal((m, c, k, k)) / np.sqrt(c * k * k)).astype(np.float32))
     nodes = [helper.make_node("Conv", ["x", "w16_3_3"], ["a"], kernel_shape=[3, 3], pads=[1] * 4),
-             helper.make_node("Relu", ["a"], ["ar"]),
+             helper.make_node("Relu", ["a"], ["a1"]),
+             helper.make_node("MaxPool", ["a1"], ["ar"], kernel_shape=[3, 3], strides=[2, 2], pads=[1] * 4),
              helper.make_node("Conv", ["ar", "w16_16_3"], ["b"], kernel_shape=[3, 3], pads=[1] * 4),
              helper.make_node("Add", ["ar", "b"], ["s"]),
              helper.make_node("Relu", ["s"], ["sr"]),
              helper.make_node("Conv", ["sr", "w24_16_3"], ["c"], kernel_shape=[3, 3], pads=[1] * 4, strides=[2, 2]),
              helper.make_node("Relu", ["c"], ["cr"]),
              helper.make_node("GlobalAveragePool", ["cr"], ["y"])]
-    return make(nodes, [vi("x", [1, 3, 12, 12])], [vi("y", None)],
+    return make(nodes, [vi("x", [1, 3, 20, 20])], [vi("y", None)],
                 [w(16, 3, 3), w(16, 16, 3), w(24, 16, 3)])
 
 
@@ -178,7 +181,7 @@ def test_quantized_resnet18(tmp_path) -> None:
     q = onnx.load(str(qpath))
     want = ort_run(q, feeds)[0]
     m, ops = _compile(q, tmp_path)
-    assert "aotc.QLinearConv" in ops and "Conv" not in ops
+    assert "aotc.QLinearConv" in ops and "Conv" not in ops and "MaxPool:uint8" in ops
     np.testing.assert_array_equal(m.run(feeds)[0], want)
 
 

@@ -5,7 +5,8 @@ DequantizeLinear): onnxruntime's QDQ form, ``DequantizeLinear(x) -> Conv(Dequant
 DequantizeLinear(int32 bias)) -> [Relu] -> QuantizeLinear``, becomes the one QLinearConv it stands
 for, as onnxruntime's own QDQ transformer does (the int32 bias is the accumulator's, its scale
 x_scale * w_scale); a Relu before the QuantizeLinear clamps at the output zero point (``_relu``).
-Without it, aotc would run the float conv between elementwise (de)quantizations.
+Without it, aotc would run the float conv between elementwise (de)quantizations. A MaxPool between a
+DequantizeLinear and a QuantizeLinear of the same scale and zero point pools the 8-bit values.
 
 ``lower_qlinear`` (after inference): a 2-D QLinearConv with constant int8 weights of zero point 0 and
 constant scales and zero points becomes ``aotc.QLinearConv`` (``aotc/ops/int8_conv.py``): weights
@@ -85,13 +86,32 @@ def _qdq_conv(conv: Node, users: dict[int, list[Node]], fetched: set[int]) -> tu
     return q, Node("QLinearConv", inputs, [q.outputs[0]], attrs, f"{conv.name}/qlinear")
 
 
+def _qdq_maxpool(pool: Node, users: dict[int, list[Node]], fetched: set[int]) -> tuple[Node, Node] | None:
+    """``DequantizeLinear(x) -> MaxPool -> QuantizeLinear`` with the same scale (> 0) and zero point is
+    MaxPool on the 8-bit ``x``: the quantization is monotonic and gives back each integer exactly."""
+    dx = _dq(pool.inputs[0])
+    if dx is None or len(pool.outputs) != 1:
+        return None
+    q = _only_user(pool.outputs[0], users, fetched, "QuantizeLinear")
+    if q is None or len(q.inputs) < 3 or _const(q.inputs[1]) is None or _const(q.inputs[2]) is None:
+        return None
+    s, z, sq, zq = _const(dx.inputs[1]), _const(dx.inputs[2]), _const(q.inputs[1]), _const(q.inputs[2])
+    assert s is not None and z is not None and sq is not None and zq is not None
+    if s.size != 1 or z.size != 1 or z.dtype not in _QTYPES or s.dtype != np.float32 or not s.reshape(-1)[0] > 0:
+        return None
+    if sq.size != 1 or zq.size != 1 or sq.dtype != s.dtype or zq.dtype != z.dtype \
+            or sq.reshape(-1)[0] != s.reshape(-1)[0] or zq.reshape(-1)[0] != z.reshape(-1)[0]:
+        return None
+    return q, Node("MaxPool", [dx.inputs[0]], [q.outputs[0]], dict(pool.attrs), f"{pool.name}/uint8")
+
+
 def fuse_qdq(graph: Graph) -> bool:
     users = graph.consumers()
     fetched = {id(v) for v in graph.outputs}
     replaced: dict[int, Node] = {}
     for n in graph.nodes:
-        if n.op == "Conv":
-            hit = _qdq_conv(n, users, fetched)
+        if n.op in ("Conv", "MaxPool"):
+            hit = (_qdq_conv if n.op == "Conv" else _qdq_maxpool)(n, users, fetched)
             if hit is not None:
                 replaced[id(hit[0])] = hit[1]
     if not replaced:
