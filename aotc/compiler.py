@@ -147,12 +147,21 @@ def compile_model(model: str | Path | onnx.ModelProto | Graph, out_dir: str | Pa
     if (gen_test or gen_benchmark) and any(dtypes.is_string(v.dtype) for v in graph.inputs):
         raise AotcError("--gen-test and --gen-benchmark do not support string inputs: the generated "
                         "programs store inputs as fixed-size binary elements, not strings")
+    if train is not None:
+        from aotc.training.build import inference_mode
+
+        inference_mode(graph)  # what NAME_run computes (from the initial state: the reference below)
+    reference_model = to_onnx(graph) if gen_test and test_data is None else None
     training = None
     if train is not None:
-        training = _training_graphs(graph, train, proto, gen_test or gen_benchmark or cpp_class is not None)
+        given = ([v.name for v in graph.inputs], [v.name for v in graph.outputs])
+        training = _training_graphs(graph, train, proto, cpp_class is not None)
         graph = training.inference
+        own = [v.name for i, v in enumerate(graph.inputs) if i not in training.inference_state]
+        if reference_model is not None and given != (own, [v.name for v in graph.outputs]):
+            raise AotcError("--gen-test with --train checks NAME_run against the model, which takes other "
+                            "inputs or gives other outputs when the loss is one of its tensors")
     input_names = [v.name for v in graph.inputs]
-    reference_model = to_onnx(graph) if gen_test and test_data is None else None
     bounded = expose_counts(graph)  # data-dependent outputs get their count outputs (ops/dynamic.py)
     output_names = [v.name for v in graph.outputs]
     times["import"] = time.perf_counter() - t0
@@ -243,15 +252,15 @@ def compile_model(model: str | Path | onnx.ModelProto | Graph, out_dir: str | Pa
     return CompileResult(out, name, lib, graph, times)
 
 
-def _training_graphs(graph: Graph, train: Train | str, proto: onnx.ModelProto | None, programs: bool):
+def _training_graphs(graph: Graph, train: Train | str, proto: onnx.ModelProto | None, cpp_class: bool):
     """The inference and training graphs of a --train compile (aotc.training.build)."""
     from aotc.training.build import build_training
     from aotc.training.spec import Train
 
     if isinstance(train, str):
         train = Train(train)
-    if programs:
-        raise AotcError("--train does not combine with --gen-test, --gen-benchmark or --cpp-class yet")
+    if cpp_class:
+        raise AotcError("--train does not combine with --cpp-class yet")
     if proto is not None:
         initializers = {t.name for t in proto.graph.initializer}
     else:  # a graph imported by the caller: its float constants are the candidates

@@ -266,9 +266,11 @@ int main(void) {
 def test_cli_train(tmp_path) -> None:
     onnx.save(mlp(mlp_params()), tmp_path / "m.onnx")
     run = [sys.executable, "-m", "aotc", "compile", str(tmp_path / "m.onnx"), "-o", str(tmp_path), "-n", "net", "-q"]
-    proc = subprocess.run([*run, "--train", "--loss", "softmax_ce:labels", "--optimizer", "momentum:lr=0.1"],
-                          capture_output=True, text=True)
+    proc = subprocess.run([*run, "--train", "--loss", "softmax_ce:labels", "--optimizer", "momentum:lr=0.1",
+                           "--gen-test"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+    test = subprocess.run([str(tmp_path / "net_test")], capture_output=True, text=True)  # NAME_run from state_init
+    assert test.returncode == 0 and "net_test: PASSED" in test.stdout, test.stdout
     header = (tmp_path / "net.h").read_text()
     assert ("int net_train_step(const float *x, const int64_t *labels, float *loss, void *state, "
             "void *workspace);") in header
@@ -284,7 +286,8 @@ def test_cli_train(tmp_path) -> None:
                           ([*ce, "--trainable", "w1,nope"], "'nope' not among"),
                           (["--train", "--loss", "nothing"], "not in the model"),
                           (["--train", "--loss", "logits"], "must be a float scalar"),
-                          (["--loss", "softmax_ce:labels"], "--train and --loss go together")]:
+                          (["--loss", "softmax_ce:labels"], "--train and --loss go together"),
+                          ([*ce, "--cpp-class", "ns::Net"], "--train does not combine with --cpp-class")]:
         proc = subprocess.run([*run, *args], capture_output=True, text=True)
         assert proc.returncode == 1 and message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, \
             (args, proc.stderr)

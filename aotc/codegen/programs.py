@@ -35,7 +35,7 @@ def test_program(lib: Library, inputs: list[np.ndarray], expected: list[np.ndarr
     outs = _tensors(lib.outputs, expected, blob, size)
     blob.append(b"\0" * 64)  # never an empty blob
     name = lib.name
-    common = {"name": name, "version": __version__, "pool": pool}
+    common = {"name": name, "version": __version__, "pool": pool, "state": lib.state}
     return {
         f"{name}_test.c": env().get_template("test_main.c.j2").render(
             **common, inputs=ins, outputs=outs, reference=reference, rtol=repr(float(rtol)),
@@ -47,7 +47,7 @@ def test_program(lib: Library, inputs: list[np.ndarray], expected: list[np.ndarr
 
 
 def benchmark_program(lib: Library, pool: bool) -> dict[str, bytes]:
-    common = {"name": lib.name, "version": __version__, "pool": pool}
+    common = {"name": lib.name, "version": __version__, "pool": pool, "state": lib.state}
     return {f"{lib.name}_benchmark.c": env().get_template("benchmark_main.c.j2").render(
         **common, inputs=_tensors(lib.inputs, None, [], [0]),
         outputs=_tensors(lib.outputs, None, [], [0])).encode()}

@@ -97,8 +97,7 @@ def build_training(graph: Graph, spec: Train, initializers: set[str]) -> Trainin
     train.outputs = [loss] + train.outputs[len(train.outputs) - len(train.updates):]
     _drop_unused_inputs(train, keep={id(x) for x in train.updates})
 
-    _batchnorm_inference(graph)
-    dropout_inference(graph)
+    inference_mode(graph)
     lower_runtime_convs(graph)  # the conv kernels' fast paths need constant weights; a GEMM does not
     if loss_spec.kind == "tensor":  # NAME_run computes what the model does but its loss
         graph.outputs = [v for v in graph.outputs if v.name != loss_spec.tensor]
@@ -221,6 +220,13 @@ def _batchnorm_training(graph: Graph, offset: dict[int, int]) -> None:
         for old, new in ((mean, n.outputs[1]), (var, n.outputs[2])):
             if old is not None and id(old) in offset:
                 graph.add_update(old, new)
+
+
+def inference_mode(graph: Graph) -> None:
+    """NAME_run's semantics, whatever mode the model was exported in: BatchNorm normalises with its
+    running statistics, Dropout is the identity."""
+    _batchnorm_inference(graph)
+    dropout_inference(graph)
 
 
 def _batchnorm_inference(graph: Graph) -> None:
