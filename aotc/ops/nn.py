@@ -152,9 +152,31 @@ def _bn_infer(node: Node):
     return res
 
 
+_LANES = 16  # partial sums per row: independent adds the compiler vectorizes (one sum would stay serial)
+
+
+def channel_sums(n: int, c: int, inner: int, ctype: str, rows: dict[str, str], sums: dict[str, str]) -> list[str]:
+    """Statements adding, over channel ``ch``'s rows of NC... tensors (``rows``: the name of each row
+    pointer and its tensor), each expression of ``sums`` (in ``row[j]``) into the double of its name:
+    lane by lane in ``ctype`` within a row, then in double."""
+    lanes = ", ".join(f"L_{k}[{_LANES}] = {{0}}" for k in sums)
+
+    def adds(lane: str, at: str) -> str:
+        return " ".join(f"L_{k}[{lane}] += {e.replace('[j]', f'[{at}]')};" for k, e in sums.items())
+    return [f"  for (size_t b = 0; b < {n}; b++) {{",
+            *(f"    const {ctype} *{r} = {t} + (b * {c} + ch) * {inner};" for r, t in rows.items()),
+            f"    {ctype} {lanes};",
+            "    size_t k = 0;",
+            f"    for (; k + {_LANES} <= {inner}; k += {_LANES})",
+            f"      for (size_t l = 0; l < {_LANES}; l++) {{ {adds('l', 'k + l')} }}",
+            f"    for (; k < {inner}; k++) {{ {adds('0', 'k')} }}",
+            f"    for (size_t l = 0; l < {_LANES}; l++) {{ {' '.join(f'{k} += L_{k}[l];' for k in sums)} }}",
+            "  }"]
+
+
 def _bn_training_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
-    """Training mode: per channel, the mean and (biased) variance over N and the spatial axes,
-    computed in double; Y is normalized with them, and the running statistics move towards them
+    """Training mode: per channel, the mean and (biased) variance over N and the spatial axes (summed
+    by ``channel_sums``), then Y normalized with them, and the running statistics moved towards them
     by ``1 - momentum``."""
     if not bn_training(node):
         raise AotcError(f"BatchNormalization node {node.name!r}: inference mode is rewritten, not emitted")
@@ -164,19 +186,19 @@ def _bn_training_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -
     inner = int(np.prod(x.shape[2:]))
     eps, mom = float(node.attr("epsilon", 1e-5)), float(node.attr("momentum", 0.9))
     st = dtypes.c_type(node.inputs[3].dtype)
-    lines = [f"for (size_t ch = task; ch < {c}; ch += ntasks) {{",
+    x_row = {"xr": ins[0]}
+    lines = [f"const {ctype} *x = {ins[0]};",
+             f"for (size_t ch = task; ch < {c}; ch += ntasks) {{",
              "  double s = 0, ss = 0;",
-             f"  for (size_t b = 0; b < {n}; b++) for (size_t k = 0; k < {inner}; k++)",
-             f"    s += {ins[0]}[(b * {c} + ch) * {inner} + k];",
+             *channel_sums(n, c, inner, ctype, x_row, {"s": "xr[j]"}),
              f"  const double m = s / {n * inner};",
-             f"  for (size_t b = 0; b < {n}; b++) for (size_t k = 0; k < {inner}; k++) {{",
-             f"    const double d = {ins[0]}[(b * {c} + ch) * {inner} + k] - m; ss += d * d;",
-             "  }",
+             f"  const {ctype} mc = ({ctype})m;",
+             *channel_sums(n, c, inner, ctype, x_row, {"ss": "(xr[j] - mc) * (xr[j] - mc)"}),
              f"  const double v = ss / {n * inner};",
-             f"  const double sc = {ins[1]}[ch] / sqrt(v + {eps!r}), sh = {ins[2]}[ch];",
-             f"  for (size_t b = 0; b < {n}; b++) for (size_t k = 0; k < {inner}; k++) {{",
-             f"    const size_t i = (b * {c} + ch) * {inner} + k;",
-             f"    {outs[0]}[i] = ({ctype})(({ins[0]}[i] - m) * sc + sh);",
+             f"  const {ctype} sc = ({ctype})({ins[1]}[ch] / sqrt(v + {eps!r})), sh = ({ctype}){ins[2]}[ch];",
+             f"  for (size_t b = 0; b < {n}; b++) {{",
+             f"    const size_t at = (b * {c} + ch) * {inner};",
+             f"    for (size_t k = 0; k < {inner}; k++) {outs[0]}[at + k] = (x[at + k] - mc) * sc + sh;",
              "  }"]
     for o, (inp, stat) in zip(outs[1:], ((ins[3], "m"), (ins[4], "v")), strict=False):
         lines.append(f"  {o}[ch] = ({st})({inp}[ch] * {mom!r} + {stat} * {1 - mom!r});")

@@ -13,7 +13,7 @@ import numpy as np
 from aotc.ir import dtypes
 from aotc.ir.graph import Node, Value
 from aotc.ops.grads.builder import GradBuilder, Grads, rule
-from aotc.ops.nn import bn_training
+from aotc.ops.nn import bn_training, channel_sums
 from aotc.ops.norm import ln_axis
 from aotc.ops.registry import OpDef, register
 
@@ -22,27 +22,6 @@ def _bn_grad_infer(node: Node):
     x, s = node.inputs[0], node.inputs[1]
     assert x is not None and s is not None
     return [(x.shape, x.dtype), (s.shape, s.dtype), (s.shape, s.dtype)]
-
-
-_LANES = 16  # partial sums per row: independent adds the compiler vectorizes (one sum would stay serial)
-
-
-def _row_sums(n: int, c: int, inner: int, ctype: str, sums: dict[str, str]) -> list[str]:
-    """Add, over the channel's rows, each expression of ``sums`` (in ``j``, the position in the row
-    ``xr``/``gr``) into the double of its name: lane by lane in ``ctype`` within a row, then in double."""
-    lanes = ", ".join(f"L_{k}[{_LANES}] = {{0}}" for k in sums)
-    def adds(lane: str, at: str) -> str:
-        return " ".join(f"L_{k}[{lane}] += {e.replace('[j]', f'[{at}]')};" for k, e in sums.items())
-    return [f"  for (size_t b = 0; b < {n}; b++) {{",
-            f"    const {ctype} *xr = x + (b * {c} + ch) * {inner}, *gr = g + (b * {c} + ch) * {inner};",
-            "    (void)xr; (void)gr;",
-            f"    {ctype} {lanes};",
-            "    size_t k = 0;",
-            f"    for (; k + {_LANES} <= {inner}; k += {_LANES})",
-            f"      for (size_t l = 0; l < {_LANES}; l++) {{ {adds('l', 'k + l')} }}",
-            f"    for (; k < {inner}; k++) {{ {adds('0', 'k')} }}",
-            f"    for (size_t l = 0; l < {_LANES}; l++) {{ {' '.join(f'{k} += L_{k}[l];' for k in sums)} }}",
-            "  }"]
 
 
 def _bn_grad_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
@@ -59,11 +38,11 @@ def _bn_grad_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> st
         f"const {ctype} *x = {ins[0]}, *g = {ins[2]};",
         f"for (size_t ch = task; ch < {c}; ch += ntasks) {{",
         "  double s = 0, ss = 0, sg = 0, sgx = 0;",
-        *_row_sums(n, c, inner, ctype, {"s": "xr[j]"}),
+        *channel_sums(n, c, inner, ctype, {"xr": "x"}, {"s": "xr[j]"}),
         f"  const {ctype} m = ({ctype})(s / {cnt});",
-        *_row_sums(n, c, inner, ctype, {"ss": "(xr[j] - m) * (xr[j] - m)"}),
+        *channel_sums(n, c, inner, ctype, {"xr": "x"}, {"ss": "(xr[j] - m) * (xr[j] - m)"}),
         f"  const double inv = 1 / sqrt(ss / {cnt} + {eps!r});",
-        *_row_sums(n, c, inner, ctype, {"sg": "gr[j]", "sgx": "gr[j] * (xr[j] - m)"}),
+        *channel_sums(n, c, inner, ctype, {"xr": "x", "gr": "g"}, {"sg": "gr[j]", "sgx": "gr[j] * (xr[j] - m)"}),
         "  sgx *= inv;",
         f"  const {ctype} k1 = ({ctype})({ins[1]}[ch] * inv), mg = ({ctype})(sg / {cnt}), "
         f"kx = ({ctype})(inv * sgx / {cnt});",
