@@ -92,8 +92,8 @@ def _parser() -> argparse.ArgumentParser:
                         "or mean squared error against a new input LABELS/TARGETS, on the first output "
                         "(or :OUTPUT, e.g. softmax_ce:labels:logits)")
     c.add_argument("--optimizer", default="sgd:lr=0.01", metavar="sgd:lr=..|momentum:..|adam:..",
-                   help="with --train (default sgd:lr=0.01): sgd:lr=L, momentum:lr=L,momentum=M[,nesterov=1] or "
-                        "adam:lr=L,beta1=B1,beta2=B2,eps=E")
+                   help="with --train (default sgd:lr=0.01): sgd:lr=L, momentum:lr=L,momentum=M[,nesterov=1], "
+                        "adam:lr=L,beta1=B1,beta2=B2,eps=E or adamw:..., each also with weight_decay=D")
     c.add_argument("--trainable", default="all", metavar="all|NAME,...",
                    help="with --train: the initializers to train (default all float ones but BatchNorm's "
                         "running statistics)")

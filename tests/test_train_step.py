@@ -56,14 +56,17 @@ def test_softmax_regression_learns_digits_from_zeros(tmp_path, data) -> None:
 def _torch_optimizer(kind: str, params: list[torch.Tensor]) -> tuple[str, torch.optim.Optimizer]:
     if kind == "sgd":
         return "sgd:lr=0.5", torch.optim.SGD(params, lr=0.5)
-    if kind == "momentum":
-        return "momentum:lr=0.1,momentum=0.9", torch.optim.SGD(params, lr=0.1, momentum=0.9)
+    if kind == "momentum":  # with an L2 term
+        return ("momentum:lr=0.1,momentum=0.9,weight_decay=0.001",
+                torch.optim.SGD(params, lr=0.1, momentum=0.9, weight_decay=0.001))
     if kind == "nesterov":
         return "momentum:lr=0.1,momentum=0.9,nesterov=1", torch.optim.SGD(params, lr=0.1, momentum=0.9, nesterov=True)
+    if kind == "adamw":
+        return "adamw:lr=0.01,weight_decay=0.05", torch.optim.AdamW(params, lr=0.01, weight_decay=0.05)
     return "adam:lr=0.01,beta1=0.8,eps=1e-7", torch.optim.Adam(params, lr=0.01, betas=(0.8, 0.999), eps=1e-7)
 
 
-@pytest.mark.parametrize("kind", ["sgd", "momentum", "nesterov", "adam"])
+@pytest.mark.parametrize("kind", ["sgd", "momentum", "nesterov", "adam", "adamw"])
 def test_matches_pytorch_for_100_steps(tmp_path, data, kind) -> None:
     """An MLP from the same initial weights, trained on the same batches, its learning rate halved after 50
     steps: the loss at every step within 1e-4 relative of PyTorch's, the parameters after 100 steps

@@ -30,19 +30,22 @@ def apply_optimizer(b: GradBuilder, opt: Optimizer, params: list[Value], grads: 
     lr = state("lr", "hyperparameter", (), dt, np.array(opt["lr"], dt))
     t = b.op("Add", step, b.const(np.int64(1)))
     g.add_update(step, t)
-    if opt.kind == "adam":  # the bias corrections: scalars computed once per step, not per element
+    if opt.kind in ("adam", "adamw"):  # the bias corrections: scalars computed once per step, not per element
         tf = b.op("Cast", t, to=onnx.helper.np_dtype_to_tensor_dtype(dt))
         one = b.const(1.0, tf.dtype)
         bc1 = b.op("Sub", one, b.op("Pow", b.const(opt["beta1"], tf.dtype), tf))
         bc2 = b.op("Sub", one, b.op("Pow", b.const(opt["beta2"], tf.dtype), tf))
         step_size = b.op("Div", lr, bc1)
         sqrt_bc2 = b.op("Sqrt", bc2)
+    wd = opt.params.get("weight_decay", 0.0)
     for p in params:
         grad = grads[p.name]
 
         def c(x: float, like: Value = p) -> Value:
             return b.const(x, like.dtype)
 
+        if wd and opt.kind != "adamw":  # L2: the decay joins the gradient (AdamW's decays the weight)
+            grad = b.op("Add", grad, b.op("Mul", p, c(wd)))
         if opt.kind == "sgd":
             new = b.op("Sub", p, b.op("Mul", grad, lr))
         elif opt.kind == "momentum":
@@ -51,7 +54,7 @@ def apply_optimizer(b: GradBuilder, opt: Optimizer, params: list[Value], grads: 
             g.add_update(buf, buf_new)
             direction = b.op("Add", grad, b.op("Mul", buf_new, c(opt["momentum"]))) if opt["nesterov"] else buf_new
             new = b.op("Sub", p, b.op("Mul", direction, lr))
-        else:
+        else:  # adam, adamw
             b1, b2 = opt["beta1"], opt["beta2"]
             m = state(f"{p.name}.exp_avg", "moment", p.shape, p.dtype)
             v = state(f"{p.name}.exp_avg_sq", "moment", p.shape, p.dtype)
@@ -60,5 +63,6 @@ def apply_optimizer(b: GradBuilder, opt: Optimizer, params: list[Value], grads: 
             g.add_update(m, m_new)
             g.add_update(v, v_new)
             denom = b.op("Add", b.op("Div", b.op("Sqrt", v_new), sqrt_bc2), c(opt["eps"]))
-            new = b.op("Sub", p, b.op("Mul", b.op("Div", m_new, denom), step_size))
+            decayed = p if opt.kind == "adam" or not wd else b.op("Mul", p, b.op("Sub", c(1.0), b.op("Mul", lr, c(wd))))
+            new = b.op("Sub", decayed, b.op("Mul", b.op("Div", m_new, denom), step_size))
         g.add_update(p, new)

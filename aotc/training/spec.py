@@ -7,11 +7,13 @@ from dataclasses import dataclass, field
 
 from aotc.errors import AotcError
 
-# Each optimizer's hyper-parameters and their defaults (PyTorch's, with weight decay 0).
+# Each optimizer's hyper-parameters and their defaults (PyTorch's; weight_decay is an L2 term in the
+# gradient, except for AdamW, which decays the weights).
 OPTIMIZERS: dict[str, dict[str, float]] = {
-    "sgd": {"lr": 0.01},
-    "momentum": {"lr": 0.01, "momentum": 0.9, "nesterov": 0.0},
-    "adam": {"lr": 0.001, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8},
+    "sgd": {"lr": 0.01, "weight_decay": 0.0},
+    "momentum": {"lr": 0.01, "momentum": 0.9, "nesterov": 0.0, "weight_decay": 0.0},
+    "adam": {"lr": 0.001, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.0},
+    "adamw": {"lr": 0.001, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.01},
 }
 LOSSES = ("softmax_ce", "mse")
 
@@ -43,7 +45,8 @@ class Train:
 
     ``loss``: ``NAME`` (a float scalar tensor of the graph, e.g. a SoftmaxCrossEntropyLoss output),
     ``softmax_ce:LABELS[:LOGITS]`` or ``mse:TARGETS[:OUTPUT]``. ``optimizer``: ``sgd:lr=..``,
-    ``momentum:lr=..,momentum=..[,nesterov=1]`` or ``adam:lr=..,beta1=..,beta2=..,eps=..``.
+    ``momentum:lr=..,momentum=..[,nesterov=1]``, ``adam:lr=..,beta1=..,beta2=..,eps=..`` or ``adamw:..``,
+    each also with ``weight_decay=..``.
     ``trainable``: ``"all"`` (every float initializer the graph computes with, except BatchNorm's
     running statistics) or the initializers' names."""
 
