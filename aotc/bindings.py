@@ -156,7 +156,8 @@ class CompiledModel:
                              for t in self._train["state"]["tensors"]}
 
     def reset_state(self) -> None:
-        """Back to the model's initial parameters, zero moments and step count (NAME_state_init)."""
+        """Back to the model's initial parameters and learning rate, zero moments and step count
+        (NAME_state_init)."""
         self._need_train("reset_state")
         rc = getattr(self._lib, f"{self.name}_state_init")(self._state_c)
         if rc != 0:
@@ -168,8 +169,8 @@ class CompiledModel:
 
     @property
     def state(self) -> dict[str, np.ndarray]:
-        """Each state tensor (parameters, running statistics, moments, ``step``) by name: a writable view
-        of the state buffer that ``run`` reads and ``train_step`` updates."""
+        """Each state tensor (parameters, running statistics, moments, ``step``, ``lr``) by name: a writable
+        view of the state buffer that ``run`` reads and ``train_step`` updates."""
         self._need_train("state")
         return dict(self._state_views)
 
@@ -198,7 +199,11 @@ class CompiledModel:
         roles = {t["name"]: t["role"] for t in self._train["state"]["tensors"]}
         for i, init in enumerate(model.graph.initializer):
             if roles.get(init.name) in ("parameter", "running statistic"):
-                model.graph.initializer[i].CopyFrom(numpy_helper.from_array(self._state_views[init.name], init.name))
+                value = self._state_views[init.name]
+                if tuple(init.dims) != value.shape:
+                    raise AotcError(f"{self.name}.save: the model's initializer {init.name!r} has shape "
+                                    f"{list(init.dims)}, not the compiled {list(value.shape)}: not the model compiled")
+                model.graph.initializer[i].CopyFrom(numpy_helper.from_array(value, init.name))
         onnx.save(model, str(path))
 
     @property
