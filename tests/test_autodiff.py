@@ -371,3 +371,22 @@ def test_softmax_before_opset_13_normalizes_the_flattened_tail(tmp_path) -> None
     loss = ((flat + p["x"].reshape(2, 3, 4).log_softmax(2)) * torch.tensor(r, dtype=torch.float64)).sum()
     loss.backward()
     _compare(got, loss, p)
+
+
+def test_gradient_of_an_intermediate_value_and_a_one_element_loss(tmp_path) -> None:
+    """d loss / d h for an activation h (what a layer's output receives), with a loss of shape [1, 1]."""
+    rng = np.random.default_rng(6)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Tanh", ["h"], ["a"]),
+             helper.make_node("Mul", ["a", "a"], ["q"]), helper.make_node("ReduceMean", ["q"], ["loss"])]
+    g = helper.make_graph(nodes, "m", [_vi("x", [3, 4]), _vi("w", [4, 5])], [_vi("loss", [1, 1])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = IR_VERSION
+    graph = _with_gradients(model, ["h", "w"], "mid")
+    arrays = {"x": rng.standard_normal((3, 4)).astype(np.float32), "w": rng.standard_normal((4, 5)).astype(np.float32)}
+    got = aotc.compile(graph, tmp_path, name="mid").run(arrays)
+    p = _torch(arrays)
+    h = p["x"] @ p["w"]
+    h.retain_grad()
+    loss = (torch.tanh(h) ** 2).mean()
+    loss.backward()
+    _compare([got[0].reshape(()), *got[1:]], loss, {"h": h, "w": p["w"]})
