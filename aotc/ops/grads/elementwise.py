@@ -297,3 +297,63 @@ def _mish(b, node, x, y, g):  # t + x sigmoid(x) (1 - t^2) with t = tanh(softplu
 def _flat(b: GradBuilder, node: Node, dys: Grads, needs: list[bool]) -> Grads:
     """Piecewise constant: no gradient (zeros, as PyTorch gives)."""
     return [None]
+
+
+def _one_minus_square(b: GradBuilder, x: Value) -> Value:
+    return b.sub(b.scalar(1, x), b.mul(x, x))
+
+
+@_unary("Tan")
+def _tan(b, node, x, y, g):
+    return b.mul(g, b.add(b.scalar(1, y), b.mul(y, y)))
+
+
+@_unary("Asin")
+def _asin(b, node, x, y, g):
+    return b.div(g, b.op("Sqrt", _one_minus_square(b, x)))
+
+
+@_unary("Acos")
+def _acos(b, node, x, y, g):
+    return b.neg(b.div(g, b.op("Sqrt", _one_minus_square(b, x))))
+
+
+@_unary("Atan")
+def _atan(b, node, x, y, g):
+    return b.div(g, b.add(b.scalar(1, x), b.mul(x, x)))
+
+
+@_unary("Sinh")
+def _sinh(b, node, x, y, g):
+    return b.mul(g, b.op("Cosh", x))
+
+
+@_unary("Cosh")
+def _cosh(b, node, x, y, g):
+    return b.mul(g, b.op("Sinh", x))
+
+
+@_unary("Asinh")
+def _asinh(b, node, x, y, g):
+    return b.div(g, b.op("Sqrt", b.add(b.mul(x, x), b.scalar(1, x))))
+
+
+@_unary("Acosh")
+def _acosh(b, node, x, y, g):
+    return b.div(g, b.op("Sqrt", b.sub(b.mul(x, x), b.scalar(1, x))))
+
+
+@_unary("Atanh")
+def _atanh(b, node, x, y, g):
+    return b.div(g, _one_minus_square(b, x))
+
+
+@_unary("ThresholdedRelu")
+def _thresholded_relu(b, node, x, y, g):
+    return _where_zero(b, b.op("Greater", x, b.scalar(float(node.attr("alpha", 1.0)), x)), g)
+
+
+@_unary("Shrink")
+def _shrink(b, node, x, y, g):  # slope 1 outside [-lambd, lambd], as the kernel's tests
+    lambd = b.scalar(float(node.attr("lambd", 0.5)), x)
+    return _where_zero(b, b.op("Or", b.op("Less", x, b.neg(lambd)), b.op("Greater", x, lambd)), g)

@@ -12,6 +12,7 @@ import numpy as np
 
 from aotc.ir import dtypes
 from aotc.ir.graph import Node, Value
+from aotc.ops.common import norm_axis
 from aotc.ops.grads.builder import GradBuilder, Grads, rule
 from aotc.ops.nn import bn_training, channel_sums
 from aotc.ops.norm import ln_axis
@@ -140,3 +141,23 @@ def _group_norm(b: GradBuilder, node: Node, dys: Grads, needs: list[bool]) -> Gr
     ds = b.reshape(b.reduce_sum(b.mul(g4, xhat), param_axes), scale.shape) if needs[1] else None
     db = b.reshape(b.reduce_sum(g4, param_axes), bias.shape) if bias is not None and needs[2] else None
     return [dx, ds, db]
+
+
+@rule("RMSNormalization")
+def _rms_norm(b: GradBuilder, node: Node, dys: Grads, needs: list[bool]) -> Grads:
+    """y = x r scale with r = 1 / sqrt(mean(x^2) + eps) over the row: dx = r (gs - x r^2 mean(gs x)) with
+    gs = g scale, the statistic recomputed; dScale = g x r summed to the scale's shape."""
+    x, scale, g = node.inputs[0], node.inputs[1], dys[0]
+    assert x is not None and scale is not None and g is not None
+    axis = norm_axis(node.attr("axis", -1), len(x.shape), node)
+    row = list(range(axis, len(x.shape)))
+    n = int(np.prod(x.shape[axis:]))
+    r = b.op("Reciprocal", b.op("Sqrt", b.add(b.scale(b.reduce_sum(b.mul(x, x), row), 1 / n),
+                                               b.scalar(float(node.attr("epsilon", 1e-5)), x))))
+    gs = b.mul(g, scale)
+    dx = None
+    if needs[0]:
+        mgx = b.scale(b.reduce_sum(b.mul(gs, x), row), 1 / n)
+        dx = b.mul(r, b.sub(gs, b.mul(b.mul(x, b.mul(r, r)), mgx)))
+    ds = b.sum_to(b.mul(g, b.mul(x, r)), scale.shape) if needs[1] else None
+    return [dx, ds]
