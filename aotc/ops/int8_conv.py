@@ -2,8 +2,9 @@
 compile time (``aotc/passes/quantized.py`` makes it from QLinearConv and from onnxruntime's QDQ form).
 
 Per work unit (a block of output rows of one image, a chunk of output channels) the input rows it reads
-are copied into the task's scratch channels-last and padded: ``slice[row][col][cp]`` bytes, ``cp`` the
-channels rounded up to 4, the padding and extra channels holding the input zero point. Then a register
+are copied into the task's scratch in groups of 4 channels, each pixel's 4 bytes together
+(``slice[c / 4][row][col][c % 4]``), the padding and the channels up to a multiple of 4 holding the
+input zero point. Then a register
 tile of 16-channel blocks by output pixels accumulates, for each tap and each 4 input channels, the
 4 bytes of every pixel (broadcast) against the packed weights of 16 channels x 4 inputs (one vector)
 with a u8 x s8 dot-product instruction (``vpdpbusd``; the ISA table's ``Int8Dot`` entries, the
@@ -116,35 +117,60 @@ def _scratch(node: Node) -> int:
 
 # -- C --------------------------------------------------------------------------------------------
 def _slice(g: QGeometry, x: str, pad: int, flip: bool) -> list[str]:
-    """Copy the unit's input rows into ``xs`` channels-last, padded with ``pad``."""
-    row = g.wp * g.cp
-    val = "(uint8_t)(src[iw] ^ 0x80)" if flip else "src[iw]"
-    return [
+    """Copy the unit's input rows into ``xs``, 4 channels interleaved: ``xs[c / 4][row][col][c % 4]``
+    (each group's plane ``slice_rows * wp * 4`` bytes), padded with ``pad``. The loops over the
+    columns read 4 channel rows and write one contiguous row: they vectorize."""
+    row, plane, hw = g.wp * 4, g.slice_rows() * g.wp * 4, g.h * g.w
+    right = (g.wp - g.pl - g.w) * 4
+
+    def val(q: int) -> str:
+        return f"(uint8_t)(s{q}[iw] ^ 0x80)" if flip else f"s{q}[iw]"
+    full, rest = g.c // 4, g.c % 4
+    lines = [
         f"const size_t rows = (oh1 - 1) * {g.sh} + {(g.kh - 1) * g.dh + 1} - oh0 * {g.sh};",
         "for (size_t r = 0; r < rows; r++) {",
-        f"  uint8_t *dst = xs + r * {row};",
         f"  const ptrdiff_t ih = (ptrdiff_t)(oh0 * {g.sh} + r) - {g.pt};",
-        f"  memset(dst, {pad}, {row});",
-        f"  if (ih < 0 || ih >= {g.h}) continue;",
-        f"  for (size_t c = 0; c < {g.c}; c++) {{",
-        f"    const uint8_t *src = (const uint8_t *)({x}) + ((n * {g.c} + c) * {g.h} + (size_t)ih) * {g.w};",
-        f"    for (size_t iw = 0; iw < {g.w}; iw++) dst[({g.pl} + iw) * {g.cp} + c] = {val};",
+        f"  if (ih < 0 || ih >= {g.h}) {{",
+        f"    for (size_t c4 = 0; c4 < {g.cp // 4}; c4++) memset(xs + c4 * {plane} + r * {row}, {pad}, {row});",
+        "    continue;",
         "  }",
-        "}"]
+        f"  const uint8_t *src = (const uint8_t *)({x}) + n * {g.c * hw} + (size_t)ih * {g.w};"]
+    if full:
+        lines += [f"  for (size_t c4 = 0; c4 < {full}; c4++) {{",
+                  f"    uint8_t *d = xs + c4 * {plane} + r * {row};",
+                  *([f"    memset(d, {pad}, {g.pl * 4});"] if g.pl else []),
+                  *([f"    memset(d + {(g.pl + g.w) * 4}, {pad}, {right});"] if right else []),
+                  f"    const uint8_t *s0 = src + c4 * {4 * hw}, *s1 = s0 + {hw}, *s2 = s1 + {hw}, *s3 = s2 + {hw};",
+                  f"    d += {g.pl * 4};",
+                  f"    for (size_t iw = 0; iw < {g.w}; iw++) {{",
+                  *[f"      d[iw * 4 + {q}] = {val(q)};" for q in range(4)],
+                  "    }",
+                  "  }"]
+    if rest:
+        lines += ["  {",
+                  f"    uint8_t *d = xs + {full * plane} + r * {row};",
+                  f"    memset(d, {pad}, {row});",
+                  f"    for (size_t q = 0; q < {rest}; q++) {{",
+                  f"      const uint8_t *s = src + ({full * 4} + q) * {hw};",
+                  f"      for (size_t iw = 0; iw < {g.w}; iw++) d[({g.pl} + iw) * 4 + q] = "
+                  f"{'(uint8_t)(s[iw] ^ 0x80)' if flip else 's[iw]'};",
+                  "    }",
+                  "  }"]
+    return lines + ["}"]
 
 
 def _tile_vector(g: QGeometry, d: Int8Dot, mb: int, np_: int, packed: str) -> list[str]:
     """Accumulators of ``mb`` blocks x ``np_`` pixels at (blk, ow) into ``acc`` (int32 [np_][mb * 16])."""
     vb = BLOCK // d.lanes  # vectors per block
     o = d.ops
-    bstride = g.k4 * 64
+    bstride, plane = g.k4 * 64, g.slice_rows() * g.wp * 4
     accs = [[[f"a{i}_{v}_{j}" for j in range(np_)] for v in range(vb)] for i in range(mb)]
     lines = [f"{d.vtype} {', '.join(a + ' = ' + o['zero'] for blk in accs for vec in blk for a in vec)};",
              f"const uint8_t *wb = {packed} + blk * {bstride};"]
     lines += [f"const uint8_t *x{j} = {_pixel(g, f'p + {j}')};" for j in range(np_)]
     lines += [f"for (size_t kh = 0; kh < {g.kh}; kh++)",
               f"  for (size_t kw = 0; kw < {g.kw}; kw++) {{",
-              f"    const size_t xo = (kh * {g.dh * g.wp} + kw * {g.dw}) * {g.cp};",
+              f"    const size_t xo = (kh * {g.dh * g.wp} + kw * {g.dw}) * 4;",
               f"    const uint8_t *wt = wb + (kh * {g.kw} + kw) * {g.cp // 4 * 64};",
               f"    for (size_t c4 = 0; c4 < {g.cp // 4}; c4++) {{"]
     for i in range(mb):
@@ -152,7 +178,7 @@ def _tile_vector(g: QGeometry, d: Int8Dot, mb: int, np_: int, packed: str) -> li
             at = f"wt + c4 * 64 + {i * bstride + v * d.lanes * 4}"
             lines.append(f"      const {d.vtype} w{i}_{v} = {o['load'].format(p=at)};")
     for j in range(np_):
-        lines.append(f"      {{ const {d.vtype} b = {o['bcast4'].format(p=f'x{j} + xo + c4 * 4')};")
+        lines.append(f"      {{ const {d.vtype} b = {o['bcast4'].format(p=f'x{j} + xo + c4 * {plane}')};")
         for i in range(mb):
             for v in range(vb):
                 a = accs[i][v][j]
@@ -180,10 +206,11 @@ def _tile_portable(g: QGeometry, mb: int, np_: int, packed: str) -> list[str]:
         "    int32_t s = 0;",
         f"    for (size_t kh = 0; kh < {g.kh}; kh++)",
         f"      for (size_t kw = 0; kw < {g.kw}; kw++) {{",
-        f"        const uint8_t *xk = xq + (kh * {g.dh * g.wp} + kw * {g.dw}) * {g.cp};",
+        f"        const uint8_t *xk = xq + (kh * {g.dh * g.wp} + kw * {g.dw}) * 4;",
         f"        const int8_t *wk = wq + (kh * {g.kw} + kw) * {g.cp // 4 * 64};",
         f"        for (size_t c4 = 0; c4 < {g.cp // 4}; c4++)",
-        "          for (size_t q = 0; q < 4; q++) s += (int32_t)xk[c4 * 4 + q] * (int32_t)wk[c4 * 64 + q];",
+        f"          for (size_t q = 0; q < 4; q++) s += (int32_t)xk[c4 * {g.slice_rows() * g.wp * 4} + q] * "
+        "(int32_t)wk[c4 * 64 + q];",
         "      }",
         f"    const size_t ch = blk * {BLOCK} + i;",
         "    float f = (float)(int32_t)((uint32_t)s + (uint32_t)comp[ch]) * mul[ch];",
@@ -206,7 +233,7 @@ def _tile(g: QGeometry, d: Int8Dot | None, mb: int, np_: int, packed: str, y: st
 
 def _pixel(g: QGeometry, p: str) -> str:
     """The slice's bytes under the first tap of output pixel ``p`` (flat over the image's rows)."""
-    return f"xs + (({p}) / {g.wo} - oh0) * {g.sh * g.wp * g.cp} + ({p}) % {g.wo} * {g.sw * g.cp}"
+    return f"xs + (({p}) / {g.wo} - oh0) * {g.sh * g.wp * 4} + ({p}) % {g.wo} * {g.sw * 4}"
 
 
 def _rows(g: QGeometry, d: Int8Dot | None, packed: str, y: str, ct: str) -> list[str]:
