@@ -15,7 +15,17 @@ import onnxruntime as ort
 import pytest
 import torch
 from onnx_helpers import SANITIZE, run_c_program_under_sanitizers
-from train_models import EXAMPLE, batches, digits, held_out_accuracy, make_data, mlp, mlp_params, small_cnn
+from train_models import (
+    EXAMPLE,
+    batches,
+    digits,
+    held_out_accuracy,
+    make_data,
+    mlp,
+    mlp_params,
+    small_cnn,
+    transformer_block,
+)
 
 import aotc
 from aotc.training.dropout import dropout_factors, node_key
@@ -118,6 +128,30 @@ def test_pytorch_exported_model_with_batchnorm(tmp_path) -> None:
     for k, v in net.state_dict().items():
         if k.endswith(("weight", "bias", "running_mean")):
             np.testing.assert_allclose(m.state[k], v.numpy(), atol=1e-5, err_msg=k)
+
+
+@pytest.mark.slow
+def test_transformer_block_matches_pytorch(tmp_path) -> None:
+    """A Transformer block (LayerNorm, attention with Softmax, GELU, residual Adds) exported from PyTorch:
+    20 SGD steps give PyTorch's losses and parameters. Exported in training mode: an eval-mode export
+    merges initializers of equal values (the two LayerNorms' ones) into one, which training would tie."""
+    net = transformer_block()
+    torch.onnx.export(copy.deepcopy(net), (torch.randn(16, 8, 16),), tmp_path / "t.onnx", input_names=["x"],
+                      output_names=["logits"], dynamo=False, training=torch.onnx.TrainingMode.TRAINING,
+                      do_constant_folding=False)
+    m = aotc.compile(tmp_path / "t.onnx", tmp_path, name="t", train=aotc.Train("softmax_ce:labels", "sgd:lr=0.1"))
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        xb, yb = rng.standard_normal((16, 8, 16)).astype(np.float32), rng.integers(0, 10, 16)
+        loss = m.train_step({"x": xb, "labels": yb})
+        opt.zero_grad()
+        want = torch.nn.functional.cross_entropy(net(torch.tensor(xb)), torch.tensor(yb))
+        want.backward()
+        opt.step()
+        assert loss == pytest.approx(want.item(), rel=1e-5)
+    for k, v in net.named_parameters():
+        np.testing.assert_allclose(m.state[k], v.detach().numpy(), atol=1e-5, err_msg=k)
 
 
 def test_loss_in_the_graph_and_mse(tmp_path, data) -> None:

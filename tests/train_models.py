@@ -95,3 +95,33 @@ def small_cnn(batch: int = BATCH, seed: int = 0) -> onnx.ModelProto:
              n("MaxPool", ["r2"], ["p2"], kernel_shape=[2, 2], strides=[2, 2]), n("Flatten", ["p2"], ["f"]),
              n("MatMul", ["f", "fw"], ["fm"]), n("Add", ["fm", "fb"], ["logits"])]
     return _model(nodes, inits, batch)
+
+
+def transformer_block():  # noqa: ANN201 - a torch.nn.Module
+    """A pre-norm Transformer encoder block on 8 tokens of 16 features (embedding 32, 4 heads, GELU MLP),
+    mean-pooled into 10 logits, in PyTorch."""
+    import torch
+
+    class Block(torch.nn.Module):
+        def __init__(self, d: int = 32, heads: int = 4) -> None:
+            super().__init__()
+            nn = torch.nn
+            self.emb, self.ln1, self.ln2 = nn.Linear(16, d), nn.LayerNorm(d), nn.LayerNorm(d)
+            self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+            self.ff1, self.ff2, self.head = nn.Linear(d, 4 * d), nn.Linear(4 * d, d), nn.Linear(d, 10)
+            self.heads = heads
+
+        def forward(self, x):  # noqa: ANN001, ANN202
+            b, s, _ = x.shape
+            x = self.emb(x)
+
+            def split(t):  # noqa: ANN001, ANN202
+                return t.reshape(b, s, self.heads, -1).transpose(1, 2)
+            q, k, v = (split(t) for t in self.qkv(self.ln1(x)).chunk(3, dim=-1))
+            a = torch.softmax(q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5, dim=-1) @ v
+            x = x + self.proj(a.transpose(1, 2).reshape(b, s, -1))
+            x = x + self.ff2(torch.nn.functional.gelu(self.ff1(self.ln2(x))))
+            return self.head(x.mean(1))
+
+    torch.manual_seed(0)
+    return Block()
