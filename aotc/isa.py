@@ -38,7 +38,9 @@ class Int8Dot:
     saturating), set1i
     and set1f (``x`` in every lane), and requant: ``a`` plus the int32s at ``c``, converted to float,
     times the floats at ``m``, clamped to the vectors ``lo`` and ``hi``, rounded to nearest even and
-    plus the int32 vector ``z``: onnxruntime's requantization, instruction for instruction."""
+    plus the int32 vector ``z``: onnxruntime's requantization, instruction for instruction; optionally
+    bytes16 (16 int32 lanes as 16 bytes, an ``__m128i``), with which the tile's results are transposed
+    in registers (``aotc_i8_transpose8x16``) instead of stored one byte at a time."""
 
     name: str
     macros: tuple[str, ...]  # predefined macros, all of which the instructions need
@@ -50,10 +52,36 @@ class Int8Dot:
     tile_pixels: int
     ops: dict[str, str] = field(repr=False, hash=False)
     helpers: str = ""        # C definitions the spellings call
+    emulated: bool = False   # built from other instructions: any native entry is preferred
+
+
+# 8 pixels x 16 channels of bytes to 16 channels x 8 pixels: each channel's pixels are contiguous in an
+# NCHW output, and the tile's results come one pixel (all channels) per vector.
+_TRANSPOSE_8X16 = """\
+#ifndef AOTC_I8_TRANSPOSE
+#define AOTC_I8_TRANSPOSE
+static inline void aotc_i8_transpose8x16(const __m128i q[8], uint8_t *out) {
+  __m128i t[8], u[8];
+  for (int k = 0; k < 4; k++) {
+    t[2 * k] = _mm_unpacklo_epi8(q[2 * k], q[2 * k + 1]);
+    t[2 * k + 1] = _mm_unpackhi_epi8(q[2 * k], q[2 * k + 1]);
+  }
+  for (int k = 0; k < 2; k++) {
+    u[4 * k] = _mm_unpacklo_epi16(t[4 * k], t[4 * k + 2]);
+    u[4 * k + 1] = _mm_unpackhi_epi16(t[4 * k], t[4 * k + 2]);
+    u[4 * k + 2] = _mm_unpacklo_epi16(t[4 * k + 1], t[4 * k + 3]);
+    u[4 * k + 3] = _mm_unpackhi_epi16(t[4 * k + 1], t[4 * k + 3]);
+  }
+  for (int k = 0; k < 4; k++) {
+    _mm_storeu_si128((__m128i *)(void *)(out + 32 * k), _mm_unpacklo_epi32(u[k], u[4 + k]));
+    _mm_storeu_si128((__m128i *)(void *)(out + 32 * k + 16), _mm_unpackhi_epi32(u[k], u[4 + k]));
+  }
+}
+#endif"""
 
 
 def _int8_x86(name: str, bits: int, macros: tuple[str, ...], dot: str, tile: tuple[int, int],
-              helpers: str = "") -> Int8Dot:
+              emulation: str = "") -> Int8Dot:
     mm, si = f"_mm{bits}", f"si{bits}"
     load = f"{mm}_loadu_{si}((const void *)({{p}}))"
     scaled = f"{mm}_mul_ps({mm}_cvtepi32_ps({mm}_add_epi32({{a}}, {load.format(p='{c}')})), {mm}_loadu_ps({{m}}))"
@@ -63,8 +91,11 @@ def _int8_x86(name: str, bits: int, macros: tuple[str, ...], dot: str, tile: tup
                             bcast4=f"{mm}_broadcastd_epi32(_mm_loadu_si32({{p}}))", dot=dot,
                             set1i=f"{mm}_set1_epi32({{x}})", set1f=f"{mm}_set1_ps({{x}})",
                             requant=f"{mm}_add_epi32({mm}_cvtps_epi32({mm}_min_ps({mm}_max_ps({scaled}, {{lo}}), "
-                                    f"{{hi}})), {{z}})"),
-                   helpers=helpers)
+                                    f"{{hi}})), {{z}})",
+                            # 16 int32 lanes (in the output type's range) as 16 bytes: AVX-512's vpmovdb.
+                            **({"bytes16": "_mm512_cvtepi32_epi8({a})"} if bits == 512 else {})),
+                   helpers="\n".join(h for h in (emulation, _TRANSPOSE_8X16 if bits == 512 else "") if h),
+                   emulated=bool(emulation))
 
 
 # Without VNNI: the same sums, exact, from vpmaddwd on bytes widened to 16 bits (even and odd bytes

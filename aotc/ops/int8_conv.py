@@ -188,10 +188,16 @@ def _tile_vector(g: QGeometry, d: Int8Dot, mb: int, np_: int, packed: str) -> li
     for i in range(mb):
         for v in range(vb):
             ch = i * BLOCK + v * d.lanes
-            for j in range(np_):
-                req = o["requant"].format(a=accs[i][v][j], c=f"comp + blk * {BLOCK} + {ch}",
-                                          m=f"mul + blk * {BLOCK} + {ch}", lo="vlo", hi="vhi", z="vz")
-                lines.append(f"{o['store'].format(p=f'acc + {j * mb * BLOCK + ch}', a=req)};")
+            reqs = [o["requant"].format(a=accs[i][v][j], c=f"comp + blk * {BLOCK} + {ch}",
+                                        m=f"mul + blk * {BLOCK} + {ch}", lo="vlo", hi="vhi", z="vz")
+                    for j in range(np_)]
+            if "bytes16" in o:  # 16 channels x np_ pixels as bytes, transposed: ``tb[channel][8 pixels]``
+                zero = "_mm_setzero_si128()"
+                qs = [o["bytes16"].format(a=r) for r in reqs] + [zero] * (8 - np_)
+                lines += [f"{{ const __m128i q[8] = {{{', '.join(qs)}}};",
+                          f"  aotc_i8_transpose8x16(q, tb + {i * BLOCK * 8}); }}"]
+            else:
+                lines += [f"{o['store'].format(p=f'acc + {j * mb * BLOCK + ch}', a=r)};" for j, r in enumerate(reqs)]
     return lines
 
 
@@ -222,12 +228,19 @@ def _tile_portable(g: QGeometry, mb: int, np_: int, packed: str) -> list[str]:
 
 def _tile(g: QGeometry, d: Int8Dot | None, mb: int, np_: int, packed: str, y: str, ct: str) -> list[str]:
     body = _tile_portable(g, mb, np_, packed) if d is None else _tile_vector(g, d, mb, np_, packed)
-    store = [f"for (size_t i = 0; i < {mb * BLOCK}; i++) {{",
-             f"  const size_t ch = blk * {BLOCK} + i;",
-             f"  if (ch >= {g.m}) break;",
-             f"  {ct} *yr = {y} + (n * {g.m} + ch) * {g.ho * g.wo} + p;",
-             f"  for (size_t j = 0; j < {np_}; j++) yr[j] = ({ct})acc[j * {mb * BLOCK} + i];",
-             "}"]
+    head = [f"  {ct} *yr = {y} + (n * {g.m} + ch) * {g.ho * g.wo} + p;"]
+    if d is not None and "bytes16" in d.ops:
+        store = [f"for (size_t i = 0; i < {mb * BLOCK}; i++) {{",
+                 f"  const size_t ch = blk * {BLOCK} + i;",
+                 f"  if (ch >= {g.m}) break;", *head,
+                 f"  memcpy(yr, tb + i * 8, {np_});",
+                 "}"]
+    else:
+        store = [f"for (size_t i = 0; i < {mb * BLOCK}; i++) {{",
+                 f"  const size_t ch = blk * {BLOCK} + i;",
+                 f"  if (ch >= {g.m}) break;", *head,
+                 f"  for (size_t j = 0; j < {np_}; j++) yr[j] = ({ct})acc[j * {mb * BLOCK} + i];",
+                 "}"]
     return ["{", *["  " + ln for ln in body + store], "}"]
 
 
@@ -244,7 +257,8 @@ def _rows(g: QGeometry, d: Int8Dot | None, packed: str, y: str, ct: str) -> list
     mb = min(mb, cb)
     last = g.ho - (-(-g.ho // r) - 1) * r
     tails = sorted({r * g.wo % np_, last * g.wo % np_} - {0})
-    lines = [f"int32_t acc[{np_ * mb * BLOCK}];"]
+    bytes16 = d is not None and "bytes16" in d.ops
+    lines = [f"uint8_t tb[{mb * BLOCK * 8}];" if bytes16 else f"int32_t acc[{np_ * mb * BLOCK}];"]
     if d is not None:
         o = d.ops
         lines += [f"const {d.ftype} vlo = {o['set1f'].format(x='flo')}, vhi = {o['set1f'].format(x='fhi')};",
@@ -285,7 +299,7 @@ def _emit(node: Node, ins: list[str], outs: list[str], ct: str) -> tuple[str, st
         f"  const size_t b0 = mc * {cb}, b1 = b0 + {cb} < {g.blocks} ? b0 + {cb} : {g.blocks};",
         *["  " + ln for ln in _slice(g, x, pad, flip)]]
     # Native dot products first, then the emulated ones (their helpers), then portable C.
-    dots = sorted((d for isa in ISAS.values() for d in isa.int8_dot), key=lambda d: bool(d.helpers))
+    dots = sorted((d for isa in ISAS.values() for d in isa.int8_dot), key=lambda d: d.emulated)
     variants = [(d, " && ".join(f"defined({m})" for m in d.macros)) for d in dots]
     body, helpers = [], ["#ifndef AOTC_I8_HELPERS", "#define AOTC_I8_HELPERS"]
     for i, (d, cond) in enumerate(variants):
