@@ -217,7 +217,8 @@ def test_dropout_draws_a_new_mask_every_step(tmp_path, data) -> None:
 @pytest.mark.slow
 def test_small_cnn_learns_digits(tmp_path, data) -> None:
     """Conv-BatchNorm-Relu-MaxPool-Conv-Relu-MaxPool-Gemm with Adam: >= 0.97 held out. BatchNorm trains on
-    batch statistics and NAME_run normalises with the running ones the steps updated."""
+    batch statistics and NAME_run normalises with the running ones the steps updated. On 2 threads the
+    steps give the same bits."""
     x, y = data
     m = aotc.compile(small_cnn(), tmp_path, name="cnn", train=aotc.Train("softmax_ce:labels", "adam:lr=0.01"))
     assert m.state["m1"].tolist() == [0.0] * 8
@@ -225,8 +226,13 @@ def test_small_cnn_learns_digits(tmp_path, data) -> None:
     # kernels' fast paths need constant weights, and their generic loop is some 40 times slower.
     convs = [k["ops"] for k in m.metadata["kernels"] if "Conv" in k["ops"]]
     assert len(convs) == 1 and any("aotc.Im2Col" in k["ops"] for k in m.metadata["kernels"]), convs
-    for xb, yb in batches(x, y, 600):
-        m.train_step({"x": xb, "labels": yb})
+    m2 = aotc.load(tmp_path / "cnn", threads=2)  # its own state: the same steps, split over 2 threads
+    for step, (xb, yb) in enumerate(batches(x, y, 600)):
+        loss = m.train_step({"x": xb, "labels": yb})
+        if step < 20:
+            assert m2.train_step({"x": xb, "labels": yb}) == loss
+        if step == 19:
+            np.testing.assert_array_equal(m2.state_buffer, m.state_buffer)
     assert m.state["m1"].any() and not np.allclose(m.state["v1"], 1)
     assert held_out_accuracy(m, x, y) >= 0.97
 
