@@ -293,3 +293,71 @@ def test_conv_gradients(tmp_path) -> None:
     ]
     next(c for c in cases if c.id == "conv_transpose").finite_differences = False  # onnx.reference fails on its groups
     check_gradients(cases, tmp_path)
+
+
+def _onnx_to_torch_gates(w, order):
+    """ONNX's gate blocks (rows of H) reordered as PyTorch's: ``order`` lists ONNX's block per torch block."""
+    h = w.shape[0] // len(order)
+    return torch.cat([w[k * h:(k + 1) * h] for k in order])
+
+
+def _torch_rnn(kind, x, w, r, b, h0, c0=None, bidirectional=False):
+    """PyTorch's LSTM (gates i, f, g, o) or GRU (r, z, n) run on ONNX-layout weights (i, o, f, c / z, r, h)."""
+    order = [0, 2, 3, 1] if kind == "LSTM" else [1, 0, 2]
+    hid = r.shape[-1]
+    module = getattr(torch.nn, kind)(x.shape[-1], hid, bidirectional=bidirectional).double()
+    params = {}
+    for d in range(w.shape[0]):
+        sfx = "_l0" + ("_reverse" if d else "")
+        params["weight_ih" + sfx] = _onnx_to_torch_gates(w[d], order)
+        params["weight_hh" + sfx] = _onnx_to_torch_gates(r[d], order)
+        params["bias_ih" + sfx] = _onnx_to_torch_gates(b[d, :len(b[d]) // 2], order)
+        params["bias_hh" + sfx] = _onnx_to_torch_gates(b[d, len(b[d]) // 2:], order)
+    y, state = torch.func.functional_call(module, params, (x, (h0, c0) if kind == "LSTM" else h0))
+    y = y.reshape(x.shape[0], x.shape[1], w.shape[0], hid).permute(0, 2, 1, 3)  # ONNX Y: [seq, dirs, batch, H]
+    return (y, *state) if kind == "LSTM" else (y, state)
+
+
+def _reference_rnn(x, w, r, b, reverse):
+    """The plain RNN, H = tanh(X W^T + H R^T + Wb + Rb), stepped in Python."""
+    h, ys = torch.zeros(x.shape[1], r.shape[-1], dtype=x.dtype), {}
+    for t in (reversed(range(x.shape[0])) if reverse else range(x.shape[0])):
+        h = torch.tanh(x[t] @ w[0].T + h @ r[0].T + b[0, :r.shape[-1]] + b[0, r.shape[-1]:])
+        ys[t] = h
+    return torch.stack([ys[t] for t in range(x.shape[0])])[:, None], h[None]
+
+
+def _reference_gru_reset_first(x, w, r, b, h):
+    """GRU with linear_before_reset = 0: the candidate multiplies (r H) by Rh."""
+    hid = r.shape[-1]
+    wz, wr, wh = w[0].split(hid)
+    rz, rr, rh = r[0].split(hid)
+    bz, br, bh, cz, cr, ch = b[0].split(hid)
+    h = h[0]
+    for t in range(x.shape[0]):
+        z = torch.sigmoid(x[t] @ wz.T + h @ rz.T + bz + cz)
+        rs = torch.sigmoid(x[t] @ wr.T + h @ rr.T + br + cr)
+        h = (1 - z) * torch.tanh(x[t] @ wh.T + (rs * h) @ rh.T + ch + bh) + z * h
+    return h[None]
+
+
+def test_recurrent_gradients(tmp_path) -> None:
+    s, n, i, h = 3, 2, 3, 4
+    cases = [
+        case("lstm_bidirectional", "LSTM", [rand(s, n, i), rand(2, 4 * h, i), rand(2, 4 * h, h), rand(2, 8 * h), "",
+                                            rand(2, n, h), rand(2, n, h)],
+             lambda x, w, r, b, _, h0, c0: _torch_rnn("LSTM", x, w, r, b, h0, c0, True), n_out=3, hidden_size=h,
+             direction="bidirectional"),
+        case("gru_linear_before_reset", "GRU", [rand(s, n, i), rand(1, 3 * h, i), rand(1, 3 * h, h), rand(1, 6 * h),
+                                                "", rand(1, n, h)],
+             lambda x, w, r, b, _, h0: _torch_rnn("GRU", x, w, r, b, h0), n_out=2, hidden_size=h,
+             linear_before_reset=1),
+        case("gru_reset_first", "GRU", [rand(s, n, i), rand(1, 3 * h, i), rand(1, 3 * h, h), rand(1, 6 * h), "",
+                                        rand(1, n, h)],
+             lambda x, w, r, b, _, h0: _reference_gru_reset_first(x, w, r, b, h0), hidden_size=h),
+        case("rnn_reverse", "RNN", [rand(s, n, i), rand(1, h, i), rand(1, h, h), rand(1, 2 * h)],
+             lambda x, w, r, b: _reference_rnn(x, w, r, b, True), n_out=2, hidden_size=h, direction="reverse"),
+    ]
+    cases[2].outputs = [cases[2].outputs[0] + "_h"]  # Y_h alone: Y omitted
+    cases[2].nodes[0].output[:] = ["", cases[2].outputs[0]]
+    check_gradients(cases, tmp_path)

@@ -1,9 +1,10 @@
 """Reverse-mode automatic differentiation over the IR.
 
-``gradients`` walks the nodes between the values differentiated against and the loss backwards,
-asking each op's gradient rule (``OpDef.grad``, in aotc/ops/grads/) for its inputs' cotangents, and
-appends what the rules build, ordinary nodes, to the same graph: the backward pass then goes through
-the same passes as the forward one (fusion, memory planning) and reads the forward activations it needs.
+``gradients`` walks the nodes between the values differentiated against and the loss backwards
+(aotc/ops/grads/reverse.py), asking each op's gradient rule (``OpDef.grad``, in aotc/ops/grads/) for
+its inputs' cotangents, and appends what the rules build, ordinary nodes, to the same graph: the
+backward pass then goes through the same passes as the forward one (fusion, memory planning) and reads
+the forward activations it needs.
 """
 
 from __future__ import annotations
@@ -12,21 +13,13 @@ import numpy as np
 
 import aotc.ops.grads  # noqa: F401  (attaches the rules to the op table)
 from aotc.errors import AotcError
-from aotc.ir.graph import Graph, Node, Value
+from aotc.ir.graph import Graph, Value
 from aotc.ops.grads.builder import GradBuilder, differentiable
 from aotc.ops.grads.conv import conv_as_gemm
-from aotc.ops.registry import OPS
+from aotc.ops.grads.reverse import NoGradientError, active_nodes, reverse
 from aotc.passes.propagate import propagate
 
-
-class NoGradientError(AotcError):
-    """Ops between the parameters and the loss without a gradient rule; lists every one at once."""
-
-    def __init__(self, missing: dict[str, list[str]]) -> None:
-        self.missing = missing
-        parts = [f"{op} (nodes: {', '.join(names[:5])}{', ...' if len(names) > 5 else ''})"
-                 for op, names in sorted(missing.items())]
-        super().__init__(f"no gradient for: {'; '.join(parts)}")
+__all__ = ["NoGradientError", "gradients", "lower_runtime_convs"]
 
 
 def gradients(graph: Graph, loss: Value, wrt: list[Value], prefix: str = "grad") -> dict[str, Value]:
@@ -47,33 +40,9 @@ def gradients(graph: Graph, loss: Value, wrt: list[Value], prefix: str = "grad")
         raise AotcError(f"the loss {loss.name!r} must be a float scalar, not {loss.type_str()}")
 
     lower_runtime_convs(graph, f"{prefix}_conv")
-    active = _active_nodes(graph, loss, wrt)
-    missing: dict[str, list[str]] = {}
-    for n in active:
-        if OPS[n.op].grad is None:
-            missing.setdefault(n.op, []).append(n.name or n.outputs[0].name)
-    if missing:
-        raise NoGradientError(missing)
-
+    active = active_nodes(graph.nodes, loss, wrt)
     b = GradBuilder(graph, prefix)
-    depends = {id(v) for n in active for v in n.outputs} | {id(v) for v in wrt}
-    cot: dict[int, Value] = {id(loss): b.const(np.ones(loss.shape, loss.dtype))}
-    for n in reversed(active):
-        dys = [cot.get(id(v)) for v in n.outputs]
-        if all(g is None for g in dys):
-            continue
-        needs = [v is not None and id(v) in depends and differentiable(v) for v in n.inputs]
-        b.node = n
-        rule = OPS[n.op].grad
-        assert rule is not None
-        for v, g, need in zip(n.inputs, rule(b, n, dys, needs), needs, strict=False):
-            if g is None or not need:
-                continue
-            assert v is not None and g.shape == v.shape and g.dtype == v.dtype, \
-                f"{n.op} rule gave {g.type_str()} for {v.name!r} of {v.type_str()}"
-            prev = cot.get(id(v))
-            cot[id(v)] = g if prev is None else b.add(prev, g)
-    b.node = None
+    cot = reverse(b, active, loss, wrt)
     return {v.name: cot[id(v)] if id(v) in cot else b.zeros(v.shape, v.dtype) for v in wrt}
 
 
@@ -91,18 +60,3 @@ def lower_runtime_convs(graph: Graph, prefix: str = "gemm") -> int:
     if todo:
         graph.toposort()
     return len(todo)
-
-
-def _active_nodes(graph: Graph, loss: Value, wrt: list[Value]) -> list[Node]:
-    """The nodes, in order, with a float output that depends on ``wrt`` and that the loss depends on."""
-    depends = {id(v) for v in wrt}
-    for n in graph.nodes:
-        if any(v is not None and id(v) in depends for v in n.inputs):
-            depends.update(id(v) for v in n.outputs if differentiable(v))
-    needed = {id(loss)}
-    active: list[Node] = []
-    for n in reversed(graph.nodes):
-        if any(id(v) in needed and id(v) in depends for v in n.outputs):
-            active.append(n)
-            needed.update(id(v) for v in n.inputs if v is not None)
-    return active[::-1]

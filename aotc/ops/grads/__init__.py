@@ -9,6 +9,7 @@ import aotc.ops.linalg
 import aotc.ops.nn
 import aotc.ops.norm
 import aotc.ops.reduce
+import aotc.ops.rnn
 import aotc.ops.shape  # noqa: F401
 from aotc.ops.grads import (  # noqa: F401
     conv,
@@ -21,6 +22,7 @@ from aotc.ops.grads import (  # noqa: F401
     pool,
     reduce,
     resize,
+    rnn,
     shape,
 )
 from aotc.ops.grads.builder import GradBuilder, differentiable, rule
