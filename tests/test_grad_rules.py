@@ -55,6 +55,7 @@ def test_elementwise_gradients(tmp_path) -> None:
         case("mish", "Mish", [rand(3, 4)], F.mish),
         case("swish", "Swish", [rand(3, 4)], lambda x: x * torch.sigmoid(1.5 * x), alpha=1.5),
         case("floor", "Floor", [rand(3, 4)], torch.floor),
+        case("hardmax", "Hardmax", [rand(3, 4)], lambda x: F.one_hot(x.argmax(-1), 4).to(x.dtype) + 0 * x),
         case("tan", "Tan", [rand(3, 4)], torch.tan),
         case("asin", "Asin", [rand(3, 4, low=-0.8) * 0.9], torch.asin),
         case("acos", "Acos", [rand(3, 4, low=-0.8) * 0.9], torch.acos),
@@ -228,6 +229,13 @@ def test_normalization_gradients(tmp_path) -> None:
         case("layernorm_axis1", "LayerNormalization", [rand(2, 3, 4), rand(3, 4)],
              lambda x, s: F.layer_norm(x, (3, 4), s, eps=1e-3), axis=1, epsilon=1e-3),
         case("rmsnorm", "RMSNormalization", [rand(2, 3, 6), rand(6)], lambda x, s: F.rms_norm(x, (6,), s, 1e-5)),
+        case("lp_norm", "LpNormalization", [rand(3, 4, 2)], lambda x: F.normalize(x, dim=1), axis=1),
+        case("l1_norm", "LpNormalization", [rand(3, 4)], lambda x: F.normalize(x, p=1.0, dim=-1), p=1),
+        case("mean_variance", "MeanVarianceNormalization", [rand(2, 3, 4)],
+             lambda x: (x - x.mean((0, 2), keepdim=True)) / (x.var((0, 2), keepdim=True, unbiased=False).sqrt() + 1e-9),
+             axes=[0, 2]),
+        case("lrn", "LRN", [rand(2, 5, 3, 2)], lambda x: F.local_response_norm(x, 3, 1e-2, 0.75, 2.0), size=3,
+             alpha=1e-2, bias=2.0),
         case("instancenorm", "InstanceNormalization", [rand(2, 3, 4, 5), rand(3), rand(3)],
              lambda x, s, b: F.instance_norm(x, weight=s, bias=b, eps=1e-3), epsilon=1e-3),
         case("groupnorm", "GroupNormalization", [rand(2, 6, 5), rand(6), rand(6)],
@@ -235,6 +243,10 @@ def test_normalization_gradients(tmp_path) -> None:
     ]
     for c in [*cases[:2], cases[-1]]:  # onnx.reference computes these statistics in float32
         c.finite_differences = False
+    # onnx.reference sums x, not |x|, for p = 1, runs MeanVarianceNormalization in float32 only, and sums
+    # LRN's squares for as many channels as the batch has images
+    for c in cases:
+        c.finite_differences = c.finite_differences and c.id not in ("l1_norm", "mean_variance", "lrn")
     check_gradients(cases, tmp_path)
 
 

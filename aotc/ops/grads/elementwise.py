@@ -293,7 +293,7 @@ def _mish(b, node, x, y, g):  # t + x sigmoid(x) (1 - t^2) with t = tanh(softplu
     return b.mul(g, b.add(t, b.mul(b.mul(x, b.op("Sigmoid", x)), b.sub(b.scalar(1, t), b.mul(t, t)))))
 
 
-@rule("Sign", "Floor", "Ceil", "Round")
+@rule("Sign", "Floor", "Ceil", "Round", "Hardmax")
 def _flat(b: GradBuilder, node: Node, dys: Grads, needs: list[bool]) -> Grads:
     """Piecewise constant: no gradient (zeros, as PyTorch gives)."""
     return [None]

@@ -14,6 +14,7 @@ from aotc.ir import dtypes
 from aotc.ir.graph import Node, Value
 from aotc.ops.common import norm_axis
 from aotc.ops.grads.builder import GradBuilder, Grads, rule
+from aotc.ops.grads.reverse import through
 from aotc.ops.nn import bn_training, channel_sums
 from aotc.ops.norm import ln_axis
 from aotc.ops.registry import OpDef, register
@@ -161,3 +162,53 @@ def _rms_norm(b: GradBuilder, node: Node, dys: Grads, needs: list[bool]) -> Grad
         dx = b.mul(r, b.sub(gs, b.mul(b.mul(x, b.mul(r, r)), mgx)))
     ds = b.sum_to(b.mul(g, b.mul(x, r)), scale.shape) if needs[1] else None
     return [dx, ds]
+
+
+def _lp_norm(node: Node):
+    def build(b: GradBuilder, ins: list[Value | None]) -> list[Value]:
+        x = ins[0]
+        assert x is not None
+        axis = norm_axis(node.attr("axis", -1), len(x.shape), node)
+        op = "ReduceL1" if int(node.attr("p", 2)) == 1 else "ReduceL2"
+        return [b.div(x, b.op(op, x, b.ints([axis]), keepdims=1))]
+    return build
+
+
+def _mean_variance(node: Node):
+    """(x - mean) / (std + 1e-9) over ``axes``, as the forward kernel computes it."""
+    def build(b: GradBuilder, ins: list[Value | None]) -> list[Value]:
+        x = ins[0]
+        assert x is not None
+        axes = sorted(norm_axis(int(a), len(x.shape), node) for a in node.attr("axes", [0, 2, 3]))
+        count = int(np.prod([x.shape[a] for a in axes]))
+        xc = b.sub(x, b.scale(b.reduce_sum(x, axes), 1 / count))
+        std = b.op("Sqrt", b.scale(b.reduce_sum(b.mul(xc, xc), axes), 1 / count))
+        return [b.div(xc, b.add(std, b.scalar(1e-9, x)))]
+    return build
+
+
+def _lrn(node: Node):
+    """x / (bias + alpha / size * s)^beta with s the sum of squares over a window of channels."""
+    def build(b: GradBuilder, ins: list[Value | None]) -> list[Value]:
+        x = ins[0]
+        assert x is not None
+        size, c = int(node.attr("size")), x.shape[1]
+        alpha, beta, bias = (float(node.attr(k, d)) for k, d in (("alpha", 1e-4), ("beta", 0.75), ("bias", 1.0)))
+        lo, hi = (size - 1) // 2, size // 2
+        pads = [0] * (2 * len(x.shape))
+        pads[1], pads[len(x.shape) + 1] = lo, hi
+        sq = b.op("Pad", b.mul(x, x), b.ints(pads), b.scalar(0, x))
+        s = b.op("Slice", sq, b.ints([0]), b.ints([c]), b.ints([1]))
+        for k in range(1, size):
+            s = b.add(s, b.op("Slice", sq, b.ints([k]), b.ints([k + c]), b.ints([1])))
+        den = b.op("Pow", b.add(b.scalar(bias, x), b.scale(s, alpha / size)), b.scalar(beta, x))
+        return [b.div(x, den)]
+    return build
+
+
+_DECOMPOSED = {"LpNormalization": _lp_norm, "MeanVarianceNormalization": _mean_variance, "LRN": _lrn}
+
+
+@rule(*_DECOMPOSED)
+def _decomposed(b: GradBuilder, node: Node, dys: Grads, needs: list[bool]) -> Grads:
+    return through(b, node, dys, needs, _DECOMPOSED[node.op](node))
