@@ -33,13 +33,14 @@ class Int8Dot:
     ``vpdpbusd``), which the int8 convolutions (``aotc/ops/int8_conv.py``) are built on.
 
     ``ops`` spell, over ``p`` (a pointer), ``a`` (int32 accumulators), ``u`` (bytes read as unsigned),
-    ``s`` (bytes read as signed) and ``x`` (an int or float): zero, load, store (unaligned), bcast4 (the
+    ``s`` (bytes read as signed) and ``x`` (an int or float): zero, load (unaligned), bcast4 (the
     4 bytes at ``p`` in every 32-bit lane), dot (a statement adding the dot products to ``a``; never
     saturating), set1i
     and set1f (``x`` in every lane), and requant: ``a`` plus the int32s at ``c``, converted to float,
     times the floats at ``m``, clamped to the vectors ``lo`` and ``hi``, rounded to nearest even and
     plus the int32 vector ``z``: onnxruntime's requantization, instruction for instruction; optionally
-    bytes16 (16 int32 lanes as 16 bytes, an ``__m128i``), with which the tile's results are transposed
+    bytes16 (the 16 int32s of a block, ``a`` and on narrower ISAs ``b``, as 16 bytes, an ``__m128i``;
+    ``sat`` "us" or "s" for unsigned or signed outputs), with which the tile's results are transposed
     in registers (``aotc_i8_transpose8x16``) instead of stored one byte at a time."""
 
     name: str
@@ -80,6 +81,15 @@ static inline void aotc_i8_transpose8x16(const __m128i q[8], uint8_t *out) {
 #endif"""
 
 
+# 16 int32s in the output type's range, {a} (and {b}: lanes 8-15 on AVX2), as 16 bytes: AVX-512's
+# vpmovdb; AVX2 packs to 16 bits (per 128-bit lane, so the quarters are put back in order) and then
+# to bytes with the output's saturation ({sat}: "us" or "s"), which changes nothing in range.
+_BYTES16 = {512: "_mm512_cvtepi32_epi8({a})",
+            256: "_mm_pack{sat}_epi16("
+                 "_mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packs_epi32({a}, {b}), 0xd8)), "
+                 "_mm256_extracti128_si256(_mm256_permute4x64_epi64(_mm256_packs_epi32({a}, {b}), 0xd8), 1))"}
+
+
 def _int8_x86(name: str, bits: int, macros: tuple[str, ...], dot: str, tile: tuple[int, int],
               emulation: str = "") -> Int8Dot:
     mm, si = f"_mm{bits}", f"si{bits}"
@@ -87,14 +97,12 @@ def _int8_x86(name: str, bits: int, macros: tuple[str, ...], dot: str, tile: tup
     scaled = f"{mm}_mul_ps({mm}_cvtepi32_ps({mm}_add_epi32({{a}}, {load.format(p='{c}')})), {mm}_loadu_ps({{m}}))"
     return Int8Dot(name, macros, bits // 32, f"__m{bits}i", f"__m{bits}", *tile,
                    ops=dict(zero=f"{mm}_setzero_{si}()", load=load,
-                            store=f"{mm}_storeu_{si}((void *)({{p}}), {{a}})",
                             bcast4=f"{mm}_broadcastd_epi32(_mm_loadu_si32({{p}}))", dot=dot,
                             set1i=f"{mm}_set1_epi32({{x}})", set1f=f"{mm}_set1_ps({{x}})",
                             requant=f"{mm}_add_epi32({mm}_cvtps_epi32({mm}_min_ps({mm}_max_ps({scaled}, {{lo}}), "
                                     f"{{hi}})), {{z}})",
-                            # 16 int32 lanes (in the output type's range) as 16 bytes: AVX-512's vpmovdb.
-                            **({"bytes16": "_mm512_cvtepi32_epi8({a})"} if bits == 512 else {})),
-                   helpers="\n".join(h for h in (emulation, _TRANSPOSE_8X16 if bits == 512 else "") if h),
+                            bytes16=_BYTES16[bits]),
+                   helpers="\n".join(h for h in (emulation, _TRANSPOSE_8X16) if h),
                    emulated=bool(emulation))
 
 

@@ -159,13 +159,14 @@ ISAS = [("x86-64-v4", "+avx512vnni"), ("x86-64-v4", None), ("x86-64-v3", "+avxvn
         ("generic", None)]
 
 
+@pytest.mark.parametrize("int8_activations", [False, True])
 @pytest.mark.parametrize("cpu,features", ISAS)
-def test_small_quantized_cnn_every_isa(cpu: str, features: str | None, tmp_path) -> None:
+def test_small_quantized_cnn_every_isa(cpu: str, features: str | None, int8_activations: bool, tmp_path) -> None:
     if cpu != "generic" and (host_cpu_features() and not _runs(cpu, features)):
         pytest.skip(f"this CPU cannot run {cpu} {features or ''}")
     f = _small_cnn()
     kw = {"target": "generic"} if cpu == "generic" else {"target_cpu": cpu, "target_features": features}
-    _check(quantized(f, _feeds(f)), tmp_path, **kw)
+    _check(quantized(f, _feeds(f), int8_activations=int8_activations), tmp_path, **kw)
 
 
 def test_small_quantized_cnn_sanitizers(tmp_path) -> None:

@@ -159,8 +159,8 @@ def _slice(g: QGeometry, x: str, pad: int, flip: bool) -> list[str]:
     return lines + ["}"]
 
 
-def _tile_vector(g: QGeometry, d: Int8Dot, mb: int, np_: int, packed: str) -> list[str]:
-    """Accumulators of ``mb`` blocks x ``np_`` pixels at (blk, ow) into ``acc`` (int32 [np_][mb * 16])."""
+def _tile_vector(g: QGeometry, d: Int8Dot, mb: int, np_: int, packed: str, sat: str) -> list[str]:
+    """Output pixels p .. p + np_ of ``mb`` blocks from blk, as bytes in ``tb`` (``[channel][8]``)."""
     vb = BLOCK // d.lanes  # vectors per block
     o = d.ops
     bstride, plane = g.k4 * 64, g.slice_rows() * g.wp * 4
@@ -185,19 +185,16 @@ def _tile_vector(g: QGeometry, d: Int8Dot, mb: int, np_: int, packed: str) -> li
                 lines.append(f"        {o['dot'].format(a=a, u='b', s=f'w{i}_{v}')}")
         lines.append("      }")
     lines += ["    }", "  }"]
+    def req(i: int, v: int, j: int) -> str:
+        ch = i * BLOCK + v * d.lanes
+        return o["requant"].format(a=accs[i][v][j], c=f"comp + blk * {BLOCK} + {ch}", m=f"mul + blk * {BLOCK} + {ch}",
+                                   lo="vlo", hi="vhi", z="vz")
     for i in range(mb):
-        for v in range(vb):
-            ch = i * BLOCK + v * d.lanes
-            reqs = [o["requant"].format(a=accs[i][v][j], c=f"comp + blk * {BLOCK} + {ch}",
-                                        m=f"mul + blk * {BLOCK} + {ch}", lo="vlo", hi="vhi", z="vz")
-                    for j in range(np_)]
-            if "bytes16" in o:  # 16 channels x np_ pixels as bytes, transposed: ``tb[channel][8 pixels]``
-                zero = "_mm_setzero_si128()"
-                qs = [o["bytes16"].format(a=r) for r in reqs] + [zero] * (8 - np_)
-                lines += [f"{{ const __m128i q[8] = {{{', '.join(qs)}}};",
-                          f"  aotc_i8_transpose8x16(q, tb + {i * BLOCK * 8}); }}"]
-            else:
-                lines += [f"{o['store'].format(p=f'acc + {j * mb * BLOCK + ch}', a=r)};" for j, r in enumerate(reqs)]
+        # The block's 16 channels x np_ pixels as bytes, transposed: ``tb[channel][8 pixels]``.
+        qs = [o["bytes16"].format(a=req(i, 0, j), b=req(i, vb - 1, j), sat=sat) for j in range(np_)]
+        qs += ["_mm_setzero_si128()"] * (8 - np_)
+        lines += [f"{{ const __m128i q[8] = {{{', '.join(qs)}}};",
+                  f"  aotc_i8_transpose8x16(q, tb + {i * BLOCK * 8}); }}"]
     return lines
 
 
@@ -227,9 +224,10 @@ def _tile_portable(g: QGeometry, mb: int, np_: int, packed: str) -> list[str]:
 
 
 def _tile(g: QGeometry, d: Int8Dot | None, mb: int, np_: int, packed: str, y: str, ct: str) -> list[str]:
-    body = _tile_portable(g, mb, np_, packed) if d is None else _tile_vector(g, d, mb, np_, packed)
+    sat = "us" if ct == "uint8_t" else "s"
+    body = _tile_portable(g, mb, np_, packed) if d is None else _tile_vector(g, d, mb, np_, packed, sat)
     head = [f"  {ct} *yr = {y} + (n * {g.m} + ch) * {g.ho * g.wo} + p;"]
-    if d is not None and "bytes16" in d.ops:
+    if d is not None:
         store = [f"for (size_t i = 0; i < {mb * BLOCK}; i++) {{",
                  f"  const size_t ch = blk * {BLOCK} + i;",
                  f"  if (ch >= {g.m}) break;", *head,
@@ -257,8 +255,8 @@ def _rows(g: QGeometry, d: Int8Dot | None, packed: str, y: str, ct: str) -> list
     mb = min(mb, cb)
     last = g.ho - (-(-g.ho // r) - 1) * r
     tails = sorted({r * g.wo % np_, last * g.wo % np_} - {0})
-    bytes16 = d is not None and "bytes16" in d.ops
-    lines = [f"uint8_t tb[{mb * BLOCK * 8}];" if bytes16 else f"int32_t acc[{np_ * mb * BLOCK}];"]
+    assert np_ <= 8, "a tile's pixels are transposed 8 at a time"
+    lines = [f"uint8_t tb[{mb * BLOCK * 8}];" if d is not None else f"int32_t acc[{np_ * mb * BLOCK}];"]
     if d is not None:
         o = d.ops
         lines += [f"const {d.ftype} vlo = {o['set1f'].format(x='flo')}, vhi = {o['set1f'].format(x='fhi')};",
