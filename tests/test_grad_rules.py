@@ -373,3 +373,27 @@ def test_recurrent_gradients(tmp_path) -> None:
     cases[2].outputs = [cases[2].outputs[0] + "_h"]  # Y_h alone: Y omitted
     cases[2].nodes[0].output[:] = ["", cases[2].outputs[0]]
     check_gradients(cases, tmp_path)
+
+
+def _sdpa(q, k, v, mask=None, causal=False, heads=None):
+    """torch's scaled_dot_product_attention on ONNX's layouts: 3-D [B, S, H * D] with ``heads`` (q, kv)."""
+    if heads is not None:
+        hq, hkv = heads
+        q, k, v = (x.reshape(x.shape[0], x.shape[1], h, -1).transpose(1, 2) for x, h in ((q, hq), (k, hkv), (v, hkv)))
+    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True)
+    return y if heads is None else y.transpose(1, 2).reshape(y.shape[0], y.shape[2], -1)
+
+
+def test_attention_gradients(tmp_path) -> None:
+    mask = np.random.default_rng(1).random((3, 5)) > 0.3
+    mask[:, 0] = True  # every query sees a key
+    cases = [
+        case("attention_gqa_bool_mask", "Attention", [rand(2, 4, 3, 8), rand(2, 2, 5, 8), rand(2, 2, 5, 6), "m"],
+             lambda q, k, v, m: _sdpa(q, k, v, m), consts={"m": mask}),
+        case("attention_3d_causal", "Attention", [rand(2, 4, 8), rand(2, 4, 8), rand(2, 4, 8)],
+             lambda q, k, v: _sdpa(q, k, v, causal=True, heads=(2, 2)), is_causal=1, q_num_heads=2, kv_num_heads=2),
+        case("attention_float_mask_scale", "Attention", [rand(1, 2, 3, 4), rand(1, 2, 3, 4), rand(1, 2, 3, 4),
+                                                         rand(3, 3)],
+             lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=0.3), scale=0.3),
+    ]
+    check_gradients(cases, tmp_path)

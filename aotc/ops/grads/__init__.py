@@ -2,6 +2,7 @@
 (``OpDef.grad``) and registers the internal ops some of them build (domain ``aotc.``)."""
 
 # The families' op modules first (aotc.ops imports this package among them): rules attach to their OpDefs.
+import aotc.ops.attention
 import aotc.ops.conv
 import aotc.ops.elementwise
 import aotc.ops.index
@@ -12,6 +13,7 @@ import aotc.ops.reduce
 import aotc.ops.rnn
 import aotc.ops.shape  # noqa: F401
 from aotc.ops.grads import (  # noqa: F401
+    attention,
     conv,
     depthwise,
     elementwise,
