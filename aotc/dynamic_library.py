@@ -105,7 +105,7 @@ class DimInfo:
 class DynamicResult:
     out_dir: Path
     name: str
-    cores: list[int]
+    cores: list  # the sizes of the cores (batch, listed, or (batch, listed) pairs)
     dims: list[DimInfo]
     workspace_bytes: int
     build_id: str
@@ -152,9 +152,10 @@ def dynamic_inputs(model: onnx.ModelProto, dim: str, batch: bool = True) -> dict
     return found
 
 
-def _core_shapes(model: onnx.ModelProto, inputs: dict[str, int], size: int,
+def _core_shapes(model: onnx.ModelProto, fixed: dict[str, dict[int, int]],
                  shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
-    """Every input's shape in the core of ``size`` samples."""
+    """Every input's shape in a core: ``fixed[input][axis]`` for the dynamic axes, the rest from
+    ``shapes`` (--input-shape) or the model."""
     constants = {i.name for i in model.graph.initializer}
     out = {}
     for vi in model.graph.input:
@@ -162,18 +163,29 @@ def _core_shapes(model: onnx.ModelProto, inputs: dict[str, int], size: int,
             continue
         dims = vi.type.tensor_type.shape.dim
         given = shapes.get(vi.name)
+        axes = fixed.get(vi.name, {})
         if given is not None:
             if len(given) != len(dims):
                 raise AotcError(f"--input-shape {vi.name}: rank {len(given)}, but the model's is {len(dims)}")
             shape = list(given)
-        elif all(d.HasField("dim_value") or vi.name in inputs and i == inputs[vi.name] for i, d in enumerate(dims)):
+        elif all(d.HasField("dim_value") or i in axes for i, d in enumerate(dims)):
             shape = [d.dim_value for d in dims]
         else:
-            raise AotcError(f"input {vi.name!r} has dimensions that vary other than the dynamic one: pin them "
-                            "with --input-shape (the dynamic axis's value there is ignored)")
-        if vi.name in inputs:
-            shape[inputs[vi.name]] = size
+            raise AotcError(f"input {vi.name!r} has dimensions that vary other than the dynamic ones: pin them "
+                            "with --input-shape (the dynamic axes' values there are ignored)")
+        for axis, size in axes.items():
+            shape[axis] = size
         out[vi.name] = tuple(shape)
+    return out
+
+
+def _fixed(*parts: tuple[dict[str, int], int | None]) -> dict[str, dict[int, int]]:
+    """input -> {axis: size} from (inputs' axes of a dimension, its size) pairs."""
+    out: dict[str, dict[int, int]] = {}
+    for inputs, size in parts:
+        if size is not None:
+            for name, axis in inputs.items():
+                out.setdefault(name, {})[axis] = size
     return out
 
 
@@ -183,14 +195,22 @@ def compile_dynamic(model: str | Path | onnx.ModelProto, out_dir: str | Path, na
                     extra_cflags: list[str] | None = None, thread_pool: bool = True,
                     log: Callable[[str], None] | None = None) -> DynamicResult:
     """Compile an ONNX model into OUT/NAME.h, libNAME.a, libNAME.so, NAME.json, NAME.cdef with the
-    dimension ``dynamic`` (``["batch<=32"]`` or ``["seq=16,32,64"]``) left to run time (see the module's
-    docstring)."""
+    dimensions ``dynamic`` left to run time: at most one batch (``"batch<=32"``) and one dimension of
+    listed sizes (``"seq=16,32,64"``); see the module's docstring."""
     check_model_name(name)
-    if len(dynamic) != 1:
-        raise AotcError("--dynamic: one dynamic dimension per library for now (docs/dynamic_shapes.md)")
-    spec = parse_dynamic(dynamic[0])
-    if len(name) > 56:
-        raise AotcError(f"model name {name!r}: at most 56 characters with --dynamic (its cores add a suffix)")
+    specs = [parse_dynamic(d) for d in dynamic]
+    bspec = next((sp for sp in specs if sp.batch), None)
+    lspec = next((sp for sp in specs if not sp.batch), None)
+    if not specs or len(specs) != (bspec is not None) + (lspec is not None) or \
+            (bspec and lspec and bspec.dim == lspec.dim):
+        raise AotcError("--dynamic: one batch (DIM<=MAX) and one dimension of listed sizes (DIM=S1,S2,...) at most, "
+                        "each named once (docs/dynamic_shapes.md)")
+    groups: list[int | None] = list(lspec.sizes) if lspec and lspec.sizes else [None]
+    bsizes: list[int | None] = list(core_sizes(bspec)) if bspec else [None]
+    suffix = (f"_b{bsizes[-1]}" if bspec else "") + (f"_s{groups[-1]}" if lspec else "")
+    if len(name) + len(suffix) > 64:
+        raise AotcError(f"model name {name!r}: at most {64 - len(suffix)} characters with this --dynamic (its cores "
+                        "add a suffix)")
     tgt = resolve(target, target_cpu, target_features, sysroot, extra_cflags)
     out = Path(out_dir)
     check_output_dir(out, "output directory")
@@ -202,72 +222,94 @@ def compile_dynamic(model: str | Path | onnx.ModelProto, out_dir: str | Path, na
     proto = model if isinstance(model, onnx.ModelProto) else load_model(model)
     source = Path(model).name if not isinstance(model, onnx.ModelProto) else "<model>"
     shapes = dict(input_shapes or {})
-    inputs = dynamic_inputs(proto, spec.dim, spec.batch)
-    if spec.batch:
-        batch_axes(proto, inputs, {k: v for k, v in shapes.items() if k not in inputs})
+    b_inputs = dynamic_inputs(proto, bspec.dim, True) if bspec else {}
+    l_inputs = dynamic_inputs(proto, lspec.dim, False) if lspec else {}
+    if any(b_inputs.get(k) == a for k, a in l_inputs.items()):
+        raise AotcError(f"--dynamic: {bspec} and {lspec} name the same axis")
+    if bspec:
+        for g in groups:  # the batch must be per-sample at every listed size
+            batch_axes(proto, b_inputs, _core_shapes(proto, _fixed((l_inputs, g), (b_inputs, 1)), shapes))
     times["analysis"] = time.perf_counter() - t0
 
-    sizes = core_sizes(spec)
-    cores: list[Library] = []
+    cores: dict[tuple[int | None, int | None], Library] = {}
     t0 = time.perf_counter()
-    for size in sizes:
-        core = f"{name}_b{size}"
-        say(f"core {core}: {spec.dim} {size}")
-        graph = import_onnx(proto, _core_shapes(proto, inputs, size, shapes), core, None)
-        input_names = [v.name for v in graph.inputs]
-        if expose_counts(graph):
-            raise AotcError("--dynamic: the model has data-dependent outputs (NonZero, Unique, NonMaxSuppression)")
-        output_names = [v.name for v in graph.outputs]  # the passes may rename the values behind them
-        with output_errors(out):
-            run_passes(graph, target=tgt)
-        cores.append(generate(graph, core, input_names, output_names, source, target=tgt, profile=False,
-                              pool=thread_pool and size == sizes[0]))
+    for g in groups:
+        for b in bsizes:
+            core = name + (f"_b{b}" if b else "") + (f"_s{g}" if g else "")
+            say(f"core {core}")
+            graph = import_onnx(proto, _core_shapes(proto, _fixed((l_inputs, g), (b_inputs, b)), shapes), core, None)
+            input_names = [v.name for v in graph.inputs]
+            if expose_counts(graph):
+                raise AotcError("--dynamic: the model has data-dependent outputs (NonZero, Unique, NonMaxSuppression)")
+            output_names = [v.name for v in graph.outputs]  # the passes may rename the values behind them
+            with output_errors(out):
+                run_passes(graph, target=tgt)
+            cores[g, b] = generate(graph, core, input_names, output_names, source, target=tgt, profile=False,
+                                   pool=thread_pool and not cores)
     times["cores"] = time.perf_counter() - t0
 
-    first, last = cores[0], cores[-1]
-    dims = [DimInfo(spec.dim, spec.bound, list(spec.sizes) if spec.sizes else None)]
-    ins = [_DimTensor.of(t, inputs.get(t.name), spec) for t in last.inputs]
-    outs = [_DimTensor.of(t, 0 if spec.batch else _varying_axis(spec, sizes, cores, i), spec)
-            for i, t in enumerate(last.outputs)]
-    lib = _merge(name, cores)
-    workspace = max(c.workspace_bytes for c in cores)
-    common = {"name": name, "version": __version__, "api": API, "dims": dims, "cores": sizes, "inputs": ins,
-              "outputs": outs, "statuses": RUN_ERRORS, "dim_error": DIM_OUT_OF_RANGE, "pool": thread_pool,
-              "workspace_bytes": workspace, "split": spec.batch}
+    dims = [DimInfo(sp.dim, sp.bound, list(sp.sizes) if sp.sizes else None) for sp in (bspec, lspec) if sp]
+    bdim, ldim = (0 if bspec else None), ((1 if bspec else 0) if lspec else None)
+    largest = [cores[g, bsizes[-1]] for g in groups]  # per listed size, its largest batch
+    last = largest[-1]
+    ins = [_DimTensor.of(t, {**({b_inputs[t.name]: bdim} if t.name in b_inputs else {}),
+                             **({l_inputs[t.name]: ldim} if t.name in l_inputs else {})}) for t in last.inputs]
+    outs = []
+    for i, t in enumerate(last.outputs):
+        axes = {0: bdim} if bspec else {}
+        if lspec:
+            a = _varying_axis(lspec, groups, largest, i)  # type: ignore[arg-type]
+            if a is not None:
+                axes[a] = ldim
+        outs.append(_DimTensor.of(t, axes))
+    # Bytes of one sample of each argument per listed size, for splitting a batch (0: passed whole).
+    samples = [([_elems(c.inputs[i].shape) if t.name in b_inputs else 0 for i, t in enumerate(c.inputs)],
+                [_elems(c.outputs[i].shape) if bspec else 0 for i in range(len(c.outputs))]) for c in largest]
+    lib = _merge(name, list(cores.values()))
+    workspace = max(c.workspace_bytes for c in cores.values())
+    common = {"name": name, "version": __version__, "api": API, "dims": dims, "bdim": bdim, "ldim": ldim,
+              "groups": groups, "bsizes": bsizes[::-1], "core_names": [[cores[g, b].name for b in bsizes[::-1]]
+                                                                        for g in groups],
+              "samples": samples, "inputs": ins, "outputs": outs, "statuses": RUN_ERRORS,
+              "dim_error": DIM_OUT_OF_RANGE, "pool": thread_pool, "workspace_bytes": workspace,
+              "first_core": next(iter(cores.values())).name}
     lib.files[f"{name}.h"] = env().get_template("dims.h.j2").render(
         **common, source=comment(source, 60), target=comment(tgt.summary(), 1000)).encode()
     lib.files[f"{name}_dims.c"] = env().get_template("dims.c.j2").render(**common).encode()
-    if thread_pool:
-        lib.files[f"{name}_pool.c"] = lib.files.pop(f"{first.name}_pool.c")  # built with -pthread under this name
+    if thread_pool:  # built with -pthread under this name
+        lib.files[f"{name}_pool.c"] = lib.files.pop(f"{common['first_core']}_pool.c")
 
     t0 = time.perf_counter()
     say("C compilation")
+    labels = [b if not lspec else g if not bspec else (b, g) for g in groups for b in bsizes]
     with output_errors(out), StagedBuild(out, name) as staged:
         build_id = staged.build(lib, tgt, extra_cflags, progress=lambda line: say(f"C compilation {line}"))
-        meta = _metadata(name, dims, sizes, ins, outs, workspace, len(lib.kernels), build_id, tgt, thread_pool)
+        meta = _metadata(name, dims, [c.name for c in cores.values()], ins, outs, workspace, len(lib.kernels),
+                         build_id, tgt, thread_pool)
         staged.commit({f"{name}.json": meta.encode(), f"{name}.cdef": _cdef(name, build_id, thread_pool).encode()})
     times["c_compile"] = time.perf_counter() - t0
-    return DynamicResult(out, name, sizes, dims, workspace, build_id, times)
+    return DynamicResult(out, name, labels, dims, workspace, build_id, times)  # type: ignore[arg-type]
+
+
+def _elems(shape: list[int]) -> int:
+    """Elements of one sample (the product past axis 0)."""
+    return int(np.prod(shape[1:], dtype=np.int64))
 
 
 @dataclass
 class _DimTensor:
-    """An argument of the dynamic library: a core's, at the bound, with the axis that varies."""
+    """An argument of the dynamic library: a core's, at the largest sizes, with the axes that vary."""
 
     info: TensorInfo
     dims: list[int]        # per axis: the dimension it is, or -1
-    sample_elems: int      # elements per sample (0: not split)
 
     @staticmethod
-    def of(t: TensorInfo, axis: int | None, spec: DynamicSpec) -> _DimTensor:
+    def of(t: TensorInfo, axes: dict[int, int | None]) -> _DimTensor:
         dims = [-1] * len(t.shape)
-        elems = 0
-        if axis is not None:
-            dims[axis] = 0
-            assert t.shape[axis] == spec.bound
-            if spec.batch:
-                elems = int(np.prod(t.shape[1:], dtype=np.int64))
-        return _DimTensor(t, dims, elems)
+        for axis, d in axes.items():
+            if d is not None:
+                dims[axis] = d
+        return _DimTensor(t, dims)
 
     def __getattr__(self, attr: str):  # noqa: ANN204 - the TensorInfo's fields, for the templates
         return getattr(self.info, attr)
@@ -326,7 +368,7 @@ def _shared_consts(cores: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _metadata(name: str, dims: list[DimInfo], sizes: list[int], ins: list[_DimTensor], outs: list[_DimTensor],
+def _metadata(name: str, dims: list[DimInfo], cores: list[str], ins: list[_DimTensor], outs: list[_DimTensor],
               workspace: int, kernels: int, build_id: str, tgt: Target, pool: bool) -> str:
     def tensor(t: _DimTensor) -> dict:
         return {"name": t.name, "dtype": t.dtype, "shape": t.shape,
@@ -334,7 +376,7 @@ def _metadata(name: str, dims: list[DimInfo], sizes: list[int], ins: list[_DimTe
 
     data = {"name": name, "aotc_version": __version__,
             "dims": [{"name": d.name, "max": d.max, "sizes": d.sizes} for d in dims],
-            "cores": sizes, "inputs": [tensor(t) for t in ins], "outputs": [tensor(t) for t in outs],
+            "cores": cores, "inputs": [tensor(t) for t in ins], "outputs": [tensor(t) for t in outs],
             "workspace_bytes": workspace, "num_kernels": kernels, "build_id": build_id, "target_cpu": tgt.cpu,
             "isa": tgt.isa.name, "target": tgt.metadata(), "thread_pool": pool, "profile": False}
     return json.dumps(data, indent=1, sort_keys=True) + "\n"

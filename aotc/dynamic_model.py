@@ -19,39 +19,46 @@ class DimOutOfRangeError(RunError):
 
 
 class DynamicModel(CompiledModel):
-    """A compiled model with a dimension that varies (``dims``: its name and largest size; ``sizes``:
-    the sizes compiled, or None for every size from 1 to the largest): ``run`` takes feeds of a size
-    it allows and returns outputs of that size. ``inputs``/``outputs`` list the largest shapes."""
+    """A compiled model with dimensions that vary (``dims``: each one's name and largest size;
+    ``sizes``: each one's sizes compiled, or None for a batch, which runs every size from 1 to the
+    largest): ``run`` takes feeds of sizes it allows and returns outputs of those sizes.
+    ``inputs``/``outputs`` list the largest shapes."""
 
     def __init__(self, prefix: str | Path, threads: int | ThreadPool = 1) -> None:
         super().__init__(prefix, threads)
         self.dims: list[tuple[str, int]] = [(d["name"], int(d["max"])) for d in self.metadata["dims"]]
-        self.sizes: list[int] | None = self.metadata["dims"][0].get("sizes")
-        # Per input and output: the axis that varies, or None.
-        self._axis_in = [_axis(t) for t in self.metadata["inputs"]]
-        self._axis_out = [_axis(t) for t in self.metadata["outputs"]]
+        self.sizes: list[list[int] | None] = [d.get("sizes") for d in self.metadata["dims"]]
+        # Per input and output: axis -> the dimension it is.
+        self._axes_in = [_axes(t) for t in self.metadata["inputs"]]
+        self._axes_out = [_axes(t) for t in self.metadata["outputs"]]
         self._run_dims = getattr(self._lib, f"{self.name}_run_dims_parallel")
 
     def __repr__(self) -> str:
-        (dim, bound), = self.dims
-        what = f"{dim}<={bound}" if self.sizes is None else f"{dim} in {self.sizes}"
-        sig = ", ".join(f"{t.name}: {t.dtype}{_shape(t.shape, a, what)}"
-                        for t, a in zip(self.inputs, self._axis_in, strict=True))
+        what = [f"{d}<={m}" if s is None else f"{d} in {s}" for (d, m), s in zip(self.dims, self.sizes, strict=True)]
+        sig = ", ".join(f"{t.name}: {t.dtype}[" + ", ".join(what[axes[a]] if a in axes else str(n)
+                                                          for a, n in enumerate(t.shape)) + "]"
+                        for t, axes in zip(self.inputs, self._axes_in, strict=True))
         return f"<aotc.DynamicModel {self.name}({sig})>"
 
-    def size_of(self, feeds: Mapping[str, object]) -> int:
-        """The size of the dimension that varies, from the feeds (each input that has it must agree)."""
-        (dim, bound), = self.dims
-        sizes = {t.name: int(np.shape(feeds[t.name])[a]) if np.ndim(feeds[t.name]) > a else -1
-                 for t, a in zip(self.inputs, self._axis_in, strict=True) if a is not None and t.name in feeds}
-        if len(set(sizes.values())) != 1:
-            raise ValueError(f"{self.name}: the inputs disagree on {dim!r}: {sizes}")
-        n = next(iter(sizes.values()))
-        if self.sizes is None and not 1 <= n <= bound:
-            raise ValueError(f"{self.name}: {dim!r} is {n}, outside 1..{bound} (the bound it was compiled for)")
-        if self.sizes is not None and n not in self.sizes:
-            raise ValueError(f"{self.name}: {dim!r} is {n}, not one of the sizes compiled ({self.sizes})")
-        return n
+    def size_of(self, feeds: Mapping[str, object]) -> list[int]:
+        """The size of each dimension that varies, from the feeds (the inputs that have it must agree)."""
+        found: list[dict[str, int]] = [{} for _ in self.dims]
+        for t, axes in zip(self.inputs, self._axes_in, strict=True):
+            if t.name in feeds:
+                shape = np.shape(feeds[t.name])
+                for a, d in axes.items():
+                    found[d][t.name] = int(shape[a]) if len(shape) > a else -1
+        sizes = []
+        for (dim, bound), allowed, seen in zip(self.dims, self.sizes, found, strict=True):
+            if len(set(seen.values())) != 1:
+                raise ValueError(f"{self.name}: the inputs disagree on {dim!r}: {seen}")
+            n = next(iter(seen.values()))
+            if allowed is None and not 1 <= n <= bound:
+                raise ValueError(f"{self.name}: {dim!r} is {n}, outside 1..{bound} (the bound it was compiled for)")
+            if allowed is not None and n not in allowed:
+                raise ValueError(f"{self.name}: {dim!r} is {n}, not one of the sizes compiled ({allowed})")
+            sizes.append(n)
+        return sizes
 
     def run(self, feeds: Mapping[str, object] | Sequence[object], out: Sequence[np.ndarray] | None = None,
             raw: bool = False) -> list[np.ndarray]:
@@ -68,9 +75,9 @@ class DynamicModel(CompiledModel):
                              + (f"; unknown: {unknown}" if unknown else "")
                              + (f"; missing: {missing}" if missing else ""))
         n = self.size_of(feeds)
-        arrays = [self._array(t, feeds[t.name], _at(t.shape, a, n))
-                  for t, a in zip(self.inputs, self._axis_in, strict=True)]
-        shapes = [_at(t.shape, a, n) for t, a in zip(self.outputs, self._axis_out, strict=True)]
+        arrays = [self._array(t, feeds[t.name], _at(t.shape, axes, n))
+                  for t, axes in zip(self.inputs, self._axes_in, strict=True)]
+        shapes = [_at(t.shape, axes, n) for t, axes in zip(self.outputs, self._axes_out, strict=True)]
         if out is None:
             outs = [np.empty(s, t.dtype) for s, t in zip(shapes, self.outputs, strict=True)]
         else:
@@ -84,7 +91,7 @@ class DynamicModel(CompiledModel):
         ins_c = self._ffi.new(self._pointers, [self._ptr(a) for a in arrays] or [self._ffi.NULL])
         outs_c = self._ffi.new(self._pointers, [self._ptr(a) for a in outs] or [self._ffi.NULL])
         ws = self._workspace()
-        dims = self._ffi.new("int64_t[]", [n])
+        dims = self._ffi.new("int64_t[]", n)
         rc = self._run_dims(dims, ins_c, outs_c, self._local.ws_c, ws.size, self._par)
         if rc == DimOutOfRangeError.code:
             raise DimOutOfRangeError(self.name)
@@ -107,15 +114,10 @@ class DynamicModel(CompiledModel):
                         "compile for one size")
 
 
-def _axis(t: dict) -> int | None:
-    """The axis of a tensor (its metadata) that varies, or None."""
-    axes = [int(a) for a in t.get("dims", {})]
-    return axes[0] if axes else None
+def _axes(t: dict) -> dict[int, int]:
+    """Axis -> dimension, for a tensor's metadata."""
+    return {int(a): int(d) for a, d in t.get("dims", {}).items()}
 
 
-def _at(shape: tuple[int, ...], axis: int | None, n: int) -> tuple[int, ...]:
-    return shape if axis is None else (*shape[:axis], n, *shape[axis + 1:])
-
-
-def _shape(shape: tuple[int, ...], axis: int | None, what: str) -> str:
-    return "[" + ", ".join(what if a == axis else str(d) for a, d in enumerate(shape)) + "]"
+def _at(shape: tuple[int, ...], axes: dict[int, int], sizes: list[int]) -> tuple[int, ...]:
+    return tuple(sizes[axes[a]] if a in axes else n for a, n in enumerate(shape))

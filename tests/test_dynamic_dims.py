@@ -78,7 +78,7 @@ def attention_block(seq: int = 6, hidden: int = 8, heads: int = 2, causal: bool 
     """A BERT-like layer (or GPT-2-like with ``causal``): token embeddings, one attention with the
     padding mask input, a residual and LayerNorm; head reshapes with 0 and Shape-computed targets.
     The GPT-2-like one reads its mask through ``gathered_mask`` and gives positions to an Expand.
-    ``varying_seq``: a batch of 2 and a symbolic sequence length S, positions looked up by Range(S)."""
+    ``varying_seq``: a symbolic sequence length S too, positions looked up by Range(S)."""
     hd = hidden // heads
     nodes = [helper.make_node("Gather", ["emb", "ids"], ["h"])]
     if varying_seq:
@@ -140,7 +140,7 @@ def attention_block(seq: int = 6, hidden: int = 8, heads: int = 2, causal: bool 
              init("kv", np.arange(seq, dtype=np.int64).reshape(1, 1, 1, seq)), init("last", np.array([-1], np.int64)),
              init("seq_hidden", np.array([seq, hidden], np.int64)), init("pos1", _f32(1, seq, hidden)),
              init("pos_table", _f32(16, hidden))]
-    b, s = (2, "S") if varying_seq else ("B", seq)
+    b, s = ("B", "S") if varying_seq else ("B", seq)
     return make(nodes, [vi("ids", [b, s], I64), vi("mask", [b, s], I64)], [vi("y", [b, s, hidden])], inits, opset=17)
 
 
@@ -185,7 +185,7 @@ def test_dynamic_batch_matches_onnxruntime_at_every_size(tmp_path: Path, model, 
                 {k: _f32(bound + 1, *s) for k, s in inputs.items()})
 
 
-def test_threads_and_the_bound_entry_points(tmp_path: Path) -> None:
+def test_threads_and_out_buffers(tmp_path: Path) -> None:
     m = batch_mlp()
     compile_dynamic(m, tmp_path, "dyn", ["batch<=5"])
     lib = aotc.load(tmp_path / "dyn", threads=2)
@@ -201,10 +201,11 @@ def test_listed_sizes_of_a_sequence_length(tmp_path: Path) -> None:
     m = attention_block(varying_seq=True)
     with pytest.raises(AotcError, match="axis 1 of input 'ids'.*list the sizes"):
         compile_dynamic(m, tmp_path, "seq", ["S<=8"])
-    res = compile_dynamic(m, tmp_path, "seq", ["S=4,6"], extra_cflags=["-Wall", "-Wextra", "-Werror"])
+    res = compile_dynamic(m, tmp_path, "seq", ["S=4,6"], input_shapes={"ids": (2, 0), "mask": (2, 0)},
+                          extra_cflags=["-Wall", "-Wextra", "-Werror"])
     assert res.cores == [4, 6]
     lib = aotc.load(tmp_path / "seq")
-    assert lib.sizes == [4, 6] and lib.dims == [("S", 6)]
+    assert lib.sizes == [[4, 6]] and lib.dims == [("S", 6)]
     for n in (4, 6):
         feeds = attention_feeds(2, seq=n)
         np.testing.assert_allclose(lib.run(feeds)[0], ort_run(m, feeds)[0], rtol=2e-4, atol=2e-4)
@@ -214,6 +215,22 @@ def test_listed_sizes_of_a_sequence_length(tmp_path: Path) -> None:
     assert lib._run_dims(ffi.new("int64_t[]", [5]), ffi.NULL, ffi.NULL, ffi.NULL, 0, ffi.NULL) == DIM_OUT_OF_RANGE
     header = (tmp_path / "seq.h").read_text()
     assert "dimension 0: S, one of 4, 6" in header and "int64_t seq_dim_size(int d, int i);" in header
+
+
+def test_a_batch_and_listed_sequence_lengths(tmp_path: Path) -> None:
+    """BERT-like with both: the batch split over cores compiled at each listed sequence length."""
+    m = attention_block(varying_seq=True)
+    res = compile_dynamic(m, tmp_path, "bs", ["B<=2", "S=4,6"], extra_cflags=["-Wall", "-Wextra", "-Werror"])
+    assert res.cores == [(1, 4), (2, 4), (1, 6), (2, 6)]
+    lib = aotc.load(tmp_path / "bs")
+    assert lib.dims == [("B", 2), ("S", 6)] and lib.sizes == [None, [4, 6]]
+    for n, seq in ((1, 6), (2, 4), (2, 6)):
+        feeds = attention_feeds(n, seq=seq)
+        np.testing.assert_allclose(lib.run(feeds)[0], ort_run(m, feeds)[0], rtol=2e-4, atol=2e-4)
+    with pytest.raises(ValueError, match="'S' is 5, not one of the sizes compiled"):
+        lib.run(attention_feeds(2, seq=5))
+    with pytest.raises(AotcError, match="one batch .* and one dimension of listed sizes"):
+        compile_dynamic(m, tmp_path, "bs", ["B<=3", "B<=2"])
 
 
 # The C API at size 1, at the bound, and refused sizes, under ASan/UBSan: inputs are heap blocks of
@@ -271,39 +288,39 @@ def test_c_api_under_sanitizers_at_one_and_the_bound(tmp_path: Path, monkeypatch
     assert DIM_OUT_OF_RANGE == 16
 
 
-# Any model's library at size 1 and at the bound under ASan/UBSan: inputs read from files into heap
-# blocks of exactly n samples, outputs written back for the comparison.
+# Any model's library under ASan/UBSan at the sizes RUNS (size 1 and the bounds): inputs read from
+# files into heap blocks of exactly their size, outputs written back for the comparison.
 C_FILES = r"""
 #include <stdio.h>
 #include <stdlib.h>
 #include "dyn.h"
 
-static const size_t in_bytes[] = {IN_BYTES};  /* per sample */
-static const size_t out_bytes[] = {OUT_BYTES};
+#define NUM_RUNS NUM_RUNS_HERE
+static const int64_t run_dims[NUM_RUNS][DYN_NUM_DIMS] = { RUN_DIMS };
+static const size_t in_bytes[NUM_RUNS][DYN_NUM_INPUTS] = { IN_BYTES };
+static const size_t out_bytes[NUM_RUNS][DYN_NUM_OUTPUTS] = { OUT_BYTES };
 
 int main(void) {
   void *ws = aligned_alloc(64, (DYN_WORKSPACE_BYTES + 63) / 64 * 64);
-  const int64_t sizes[] = {1, DYN_DIM0_MAX};
   char path[64];
-  for (int k = 0; k < 2; k++) {
-    int64_t n = sizes[k];
+  for (int k = 0; k < NUM_RUNS; k++) {
     const void *in[DYN_NUM_INPUTS];
     void *out[DYN_NUM_OUTPUTS];
     for (int i = 0; i < DYN_NUM_INPUTS; i++) {
-      void *p = malloc(in_bytes[i] * (size_t)n);
-      snprintf(path, sizeof path, "in%d_%d.bin", i, (int)n);
+      void *p = malloc(in_bytes[k][i]);
+      snprintf(path, sizeof path, "in%d_%d.bin", i, k);
       FILE *f = fopen(path, "rb");
-      if (!f || fread(p, in_bytes[i] * (size_t)n, 1, f) != 1) return 20;
+      if (!f || fread(p, in_bytes[k][i], 1, f) != 1) return 20;
       fclose(f);
       in[i] = p;
     }
-    for (int i = 0; i < DYN_NUM_OUTPUTS; i++) out[i] = malloc(out_bytes[i] * (size_t)n);
-    int rc = dyn_run_dims_parallel(&n, in, out, ws, DYN_WORKSPACE_BYTES, 0);
-    if (rc != DYN_OK) { printf("%s\n", dyn_status_name(rc)); return 21; }
+    for (int i = 0; i < DYN_NUM_OUTPUTS; i++) out[i] = malloc(out_bytes[k][i]);
+    int rc = dyn_run_dims_parallel(run_dims[k], in, out, ws, DYN_WORKSPACE_BYTES, 0);
+    if (rc != DYN_OK) { puts(dyn_status_name(rc)); return 21; }
     for (int i = 0; i < DYN_NUM_OUTPUTS; i++) {
-      snprintf(path, sizeof path, "out%d_%d.bin", i, (int)n);
+      snprintf(path, sizeof path, "out%d_%d.bin", i, k);
       FILE *f = fopen(path, "wb");
-      if (!f || fwrite(out[i], out_bytes[i] * (size_t)n, 1, f) != 1) return 22;
+      if (!f || fwrite(out[i], out_bytes[k][i], 1, f) != 1) return 22;
       fclose(f);
       free(out[i]);
     }
@@ -316,23 +333,30 @@ int main(void) {
 
 
 @pytest.mark.slow
-def test_an_attention_layer_under_sanitizers_at_one_and_the_bound(tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    m = attention_block(causal=True)
-    compile_dynamic(m, tmp_path, "dyn", ["B<=3"], extra_cflags=[*SANITIZE, "-Wall", "-Wextra", "-Werror"])
-    lib_inputs = [i.name for i in m.graph.input]
-    feeds = {n: attention_feeds(n) for n in (1, 3)}
-    for n, f in feeds.items():
-        for k, name in enumerate(lib_inputs):
-            f[name].tofile(tmp_path / f"in{k}_{n}.bin")
-    want = {n: ort_run(m, f) for n, f in feeds.items()}
-    source = C_FILES.replace("IN_BYTES", ", ".join(str(feeds[1][name][0].nbytes) for name in lib_inputs))
-    source = source.replace("OUT_BYTES", ", ".join(str(w[0].nbytes) for w in want[1]))
+@pytest.mark.parametrize(("causal", "dynamic", "runs"), [
+    (True, ["B<=3"], [(1,), (3,)]),
+    (False, ["B<=2", "S=4,6"], [(1, 4), (2, 6)]),
+], ids=["gpt2_like_batch", "bert_like_batch_and_seq"])
+def test_an_attention_layer_under_sanitizers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, causal: bool,
+                                             dynamic: list[str], runs: list[tuple[int, ...]]) -> None:
+    m = attention_block(causal=causal, varying_seq=len(dynamic) > 1)
+    compile_dynamic(m, tmp_path, "dyn", dynamic, extra_cflags=[*SANITIZE, "-Wall", "-Wextra", "-Werror"])
+    names = [i.name for i in m.graph.input]
+    feeds = [attention_feeds(*r) for r in runs]
+    want = [ort_run(m, f) for f in feeds]
+    for k, f in enumerate(feeds):
+        for i, name in enumerate(names):
+            f[name].tofile(tmp_path / f"in{i}_{k}.bin")
+    rows = [(list(r), [f[n].nbytes for n in names], [w.nbytes for w in ws])
+            for r, f, ws in zip(runs, feeds, want, strict=True)]
+    source = C_FILES.replace("NUM_RUNS_HERE", str(len(runs)))
+    for key, part in (("RUN_DIMS", 0), ("IN_BYTES", 1), ("OUT_BYTES", 2)):
+        source = source.replace(key, ", ".join("{" + ", ".join(map(str, row[part])) + "}" for row in rows))
     monkeypatch.chdir(tmp_path)
     run_c_program_under_sanitizers(tmp_path, source, "libdyn.a", SANITIZE)
-    for n, outs in want.items():
-        for k, w in enumerate(outs):
-            got = np.fromfile(tmp_path / f"out{k}_{n}.bin", w.dtype).reshape(w.shape)
+    for k, outs in enumerate(want):
+        for i, w in enumerate(outs):
+            got = np.fromfile(tmp_path / f"out{i}_{k}.bin", w.dtype).reshape(w.shape)
             np.testing.assert_allclose(got, w, rtol=2e-4, atol=2e-4)
 
 
@@ -398,7 +422,7 @@ def test_dimension_names_and_axes(tmp_path: Path) -> None:
     seq_model = make([helper.make_node("Relu", ["x"], ["y"])], [vi("x", [2, "S"])], [vi("y", [2, "S"])])
     with pytest.raises(AotcError, match="axis 1 of input 'x'; aotc splits a batch on axis 0 only"):
         compile_dynamic(seq_model, tmp_path, "d", ["S<=8"])
-    with pytest.raises(AotcError, match="one dynamic dimension"):
+    with pytest.raises(AotcError, match="one batch .* at most, each named once"):
         compile_dynamic(m, tmp_path, "d", ["B<=2", "ids:0<=2"])
     assert batch_axes(m, {"ids": 0, "mask": 0}) == {"y": 0}
 
