@@ -73,6 +73,30 @@ def test_data_movement_and_attention_build(tmp_path: Path) -> None:
     assert "#define DM_STATUS_OFFSET" in (tmp_path / "dm.h").read_text()
 
 
+def test_reversed_and_empty_slices_build(tmp_path: Path) -> None:
+    """A negative stride is a subtraction of unsigned indices (nvcc -Werror refuses a sign change); a
+    kernel with no elements is an empty function that the run never launches."""
+    from models import init, make, vi
+
+    from aotc.codegen.cuda.common import affine
+    from aotc.codegen.loops import Access
+
+    assert affine(Access("x", 999, [-50, 1, -2]), {0: "i0", 1: "i1", 2: "i2"}) == "x[999 - 50 * i0 + i1 - 2 * i2]"
+    from onnx import helper
+
+    def const(name: str, v: list[int]):
+        return init(name, np.array(v, np.int64))
+
+    model = make([helper.make_node("Slice", ["x", "s", "e", "a", "st"], ["rev"]),
+                  helper.make_node("Slice", ["x", "s2", "e2", "a2"], ["empty"])],
+                 [vi("x", [4, 6])], [vi("rev", [4, 3]), vi("empty", [0, 6])],
+                 [const("s", [-1]), const("e", [-100]), const("a", [1]), const("st", [-2]), const("s2", [10]),
+                  const("e2", [20]), const("a2", [0])])
+    res = _build(model, tmp_path, "sl", cuda_arch="sm_80")
+    run = (res.build_dir / "sl.cu").read_text()
+    assert run.count("<<<") == 1 and "no elements: nothing to launch" in run
+
+
 def test_unsupported_ops_are_listed_in_one_line(tmp_path: Path) -> None:
     from models import init, make, vi
     from onnx import TensorProto, helper

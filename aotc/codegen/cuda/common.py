@@ -86,12 +86,15 @@ def decompose(flat: str, extents: list[int], names: list[str], idx: str) -> list
 
 
 def affine(acc: Access, index: dict[int, str]) -> str:
-    """``acc.ptr[base + sum(coeff_d * index[d])]`` over the loops in ``index`` (others do not move)."""
-    terms = [str(acc.base)] if acc.base else []
+    """``acc.ptr[base + sum(coeff_d * index[d])]`` over the loops in ``index`` (others do not move). A negative
+    coefficient (a reversed slice) is a subtraction: the indices are unsigned, and their wrap-around sums
+    come back to the element's offset, which is in range."""
+    text = str(acc.base) if acc.base else ""
     for d, c in enumerate(acc.coeffs):
         if c and d in index:
-            terms.append(index[d] if c == 1 else f"{c} * {index[d]}")
-    return f"{acc.ptr}[{' + '.join(terms) or '0'}]"
+            term = index[d] if abs(c) == 1 else f"{abs(c)} * {index[d]}"
+            text = (f"{text} - {term}" if text else f"0 - {term}") if c < 0 else (f"{text} + {term}" if text else term)
+    return f"{acc.ptr}[{text or '0'}]"
 
 
 def ceil_div(a: int, b: int) -> int:

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
+
 from aotc.codegen.cuda.attention import emit_attention
-from aotc.codegen.cuda.common import CudaKernel, Unsupported
+from aotc.codegen.cuda.common import THREADS, CudaKernel, Unsupported, external, params
 from aotc.codegen.cuda.copies import (
     emit_concat,
     emit_gather,
@@ -44,6 +46,12 @@ def device_functions() -> set[str]:
 
 def emit_cuda_kernel(k: Kernel, fn: str, tf32: bool) -> CudaKernel:
     """The kernel's CUDA code; raises ``Unsupported`` (with the reason) for what the GPU emitter lacks."""
+    if any(v.dtype == np.float16 for n in k.nodes for v in (*n.inputs, *n.outputs) if v is not None):
+        raise Unsupported("float16 tensors (nvcc has no _Float16)")
+    if all(v.size == 0 for v in k.outputs):  # nothing to compute: never launched
+        args, names, _ = external(k)
+        return CudaKernel(fn, f"__global__ void __launch_bounds__({THREADS}) {fn}({', '.join(params(args, names))}) "
+                              "{ /* no elements */ }\n", args, "1")
     if k.kind == "loop":
         kernel = emit_loop(k, fn)
     elif k.kind == "gemm":

@@ -87,7 +87,8 @@ def generate_cuda(graph: Graph, name: str, input_names: list[str], output_names:
         if kern.status:
             args.append(f"(int *)(ws + {zero_offset}) /* status */")
         calls.append({"fn": kern.fn, "grid": kern.grid, "block": kern.block, "args": args, "name": k.name,
-                      "launch": k.outputs[0].size > 0, "comment": comment(f"{k.name}: {' + '.join(k.ops)}", 100)})
+                      "launch": any(v.size for v in k.outputs),
+                      "comment": comment(f"{k.name}: {' + '.join(k.ops)}", 100)})
         lib.kernels.append(kern)  # type: ignore[arg-type]
     if blob.offsets and not blob.size:
         blob.parts.append(b"\0" * 64)

@@ -179,7 +179,7 @@ def emit_pool(k: Kernel, fn: str) -> CudaKernel:
     lines = [_head(fn, args, names),
              f"  for ({idx} e = ({idx})blockIdx.x * {THREADS} + threadIdx.x; e < {total}; "
              f"e += ({idx})gridDim.x * {THREADS}) {{",
-             f"    const {idx} plane = e / {g.out_size}, pos = e % {g.out_size};",
+             f"    const {idx} plane = e / {g.out_size}, pos = e % {g.out_size}; (void)pos;",
              *("    " + s for s in decompose("pos", list(g.out), ["o0", "o1", "o2"], "long long")),
              f"    float acc = {'-INFINITY' if mx else '0.0f'}; int cnt = 0;",
              f"    for (int tap = 0; tap < {g.taps}; tap++) {{",
