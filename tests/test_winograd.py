@@ -57,6 +57,10 @@ def test_plan_choice() -> None:
     assert plan((1, 8, 20, 20), (16, 8, 3, 3)) is None
     assert plan((1, 32, 6, 6), (32, 32, 3, 3)) is None
     assert plan((1, 32, 20, 20), (32, 32, 5, 5), (2, 2, 2, 2)) is None
+    # Tile rows narrower than a vector share one: two rows of 7 tiles (8 slots apart) per 16 floats.
+    wide = winograd.winograd_plan(_geometry((1, 256, 14, 14), (256, 256, 3, 3), [1, 1, 1, 1]), for_isa("avx512"))
+    assert (wide.m, wide.tw, wide.seg, wide.rt, wide.tp) == (2, 7, 8, 2, 16)
+    assert plan((1, 256, 14, 14), (256, 256, 3, 3)).tp == 8
 
 
 def _conv(cid: str, x: tuple[int, ...], cout: int, pads: list[int], bias: bool = True, relu: bool = False,
@@ -87,6 +91,10 @@ CASES = [
     _conv("f4_residual_relu", (1, 64, 24, 24), 64, [1, 1, 1, 1], relu=True, residual=True),
     _conv("f2_wide", (1, 160, 12, 11), 200, [1, 1, 1, 1], relu=True),
     _conv("f2_nopad", (1, 136, 10, 13), 130, [0, 0, 0, 0]),
+    # Rows packed several to a vector on AVX-512 (2 rows of 7 tiles; 3 rows of 4), the last unit's
+    # rows past the plane computed and dropped.
+    _conv("f2_packed_rows", (1, 24, 14, 14), 32, [1, 1, 1, 1], relu=True),
+    _conv("f4_packed_rows", (2, 16, 16, 16), 20, [1, 1, 1, 1]),
 ]
 
 
@@ -108,7 +116,7 @@ def test_winograd_convs_match_onnxruntime(tmp_path, target: str) -> None:
 
 
 def test_winograd_sanitizers_run_clean(tmp_path) -> None:
-    """The padded row copies, the vectors of tiles that spill past a row, and the scratch slices,
-    under ASan and UBSan (1 and 2 threads)."""
-    model, _ = build_model_and_feeds([CASES[1], CASES[2], CASES[6]])
+    """The padded row copies, the junk slots between and after packed tile rows, and the scratch
+    slices, under ASan and UBSan (1 and 2 threads)."""
+    model, _ = build_model_and_feeds([CASES[1], CASES[2], CASES[6], CASES[7], CASES[8]])
     run_generated_test_under_sanitizers(model, tmp_path)

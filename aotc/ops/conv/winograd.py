@@ -10,18 +10,21 @@ F(2x2, 3x3). Over channels, the elementwise products become a^2 independent GEMM
 of the a x a transformed tile: M[xi][oc][tile] = sum_ic U[xi][oc][ic] V[xi][ic][tile], where
 U = G g GT is computed here at compile time and V = BT d B at run time.
 
-Layout. A work unit is a block of RT tile rows of one image (RT * TW tiles, TP slots rounded up to
-whole vectors) and one part of the output channels, computed start to end by one task in its own
-scratch:
+Layout. A work unit is a block of RT tile rows of one image and one part of the output channels,
+computed start to end by one task in its own scratch. Its tiles sit in TP slots, each tile row SEG =
+TW + (a - 1) // m slots after the one before (the extra slots hold junk tiles, computed and dropped),
+so tile rows narrower than a vector share one: F(2x2) on 14x14 or F(4x4) on 28x28 (7 tiles a row)
+put two rows in 16 AVX-512 lanes, where a vector per row left 9 of 16 lanes idle.
 
-1. input transform: the a input rows of each tile row are copied, zero-padded, into a buffer split by
-   column phase (column % m), so each of the a x a tile inputs is a contiguous run over the tile
-   columns; the transform is a loop over those columns that GCC vectorizes, writing V[xi][ic][slot];
-2. GEMMs: for each xi, a register tile of MB output channels (U broadcast) x NV vectors of tiles
-   (V loaded), summed over the input channels -- V[xi] (ic x TP floats) stays in L1 while every
-   channel block passes over it;
-3. output transform per output channel, vectorized over tiles, into m rows per tile row; then bias
-   and the fused epilogue on contiguous output positions.
+1. input transform: the a input rows of each tile row are copied, zero-padded, into lines split by
+   column phase (column % m), each tile row SEG columns after the last, so each of the a x a tile
+   inputs is a contiguous run over the slots; the transform is one loop over the slots that GCC
+   vectorizes, writing V[xi][ic][slot];
+2. per block of MB output channels: the GEMMs of every point xi, a register tile of MB channels
+   (U broadcast) x NV vectors of slots (V loaded) summed over the input channels, into M[xi][MB]
+   [slot], then the output transform of those channels, vectorized over the slots, into m rows;
+   then bias and the fused epilogue on contiguous output positions. Only one block's M is held, so
+   more tile rows fit in L2.
 
 Accuracy: F(2x2) transforms hold only 0, +-1 and 1/2, so its result is as accurate as the direct sum.
 F(4x4)'s coefficients reach 8 and 1/24; its error is a few times float32 rounding (tests check it
@@ -92,7 +95,7 @@ class WinogradPlan:
     th: int      # tile rows of the output plane
     tw: int      # tiles per tile row
     rt: int      # tile rows per work unit
-    tp: int      # tile slots per unit: rt * tw rounded up to whole vectors
+    tp: int      # tile slots per unit: rt rows of seg slots, rounded up to whole vectors
     mb: int      # output channels per register tile
     nv: int      # vectors of tiles per register tile
     lanes: int
@@ -105,6 +108,12 @@ class WinogradPlan:
     @property
     def units_per_image(self) -> int:
         return -(-self.th // self.rt)
+
+    @property
+    def seg(self) -> int:
+        """Slots per tile row: its tw tiles and (a - 1) // m more, which the last tile's input reaches
+        into; they hold junk tiles (computed, never written out)."""
+        return self.tw + (self.a - 1) // self.m
 
 
 def winograd_plan(g: Geometry, target: Target) -> WinogradPlan | None:
@@ -131,11 +140,14 @@ def winograd_plan(g: Geometry, target: Target) -> WinogradPlan | None:
     budget = target.isa.acc_budget
     a = m + 2
     th, tw = -(-oh // m), -(-ow // m)
-    # Scratch for the transformed inputs and GEMM results of one unit: three quarters of L2.
-    rt = max(1, min(th, target.l2_bytes * 3 // 4 // (a * a * tw * (g.c + g.m) * 4)))
-    # Slots for rt * tw tiles; a tile row narrower than a vector is transformed as a whole vector,
-    # so the last row's vector must fit too.
-    tp = -(-max(rt * tw, (rt - 1) * tw + lanes) // lanes) * lanes
+    seg = tw + (a - 1) // m
+    # The transformed inputs of one unit take at most three quarters of L2. Tile rows are packed
+    # seg slots apart, so rows narrower than a vector share one (F(2x2) on 14x14, F(4x4) on 28x28:
+    # 7 tiles a row, two rows per 16-float vector instead of one); among the rows per unit that fit,
+    # the fewest vectors of slots over the plane, then the most units.
+    fit = max(1, min(th, target.l2_bytes * 3 // 4 // (a * a * g.c * seg * 4)))
+    rt = min(range(1, fit + 1), key=lambda r: (-(-th // r) * -(-r * seg // lanes), r))
+    tp = -(-rt * seg // lanes) * lanes
     nvec = tp // lanes
     nv = max(v for v in (1, 2, 3) if nvec % v == 0 and v * 4 <= budget)
     # Channels per register tile: the fewest padded channels per unit of FMA throughput.
@@ -157,10 +169,9 @@ def pack_winograd_weights(w: np.ndarray, b: np.ndarray | None, g: Geometry, plan
 
 
 def _kw(plan: WinogradPlan) -> int:
-    """Columns per phase of the phase-split input rows: the transform reads whole vectors of tile
-    columns, and a tile's a columns reach (a - 1) // m past its own phase column. Whole vectors, so
-    that the loop that splits the phases has no scalar remainder."""
-    return -(-(max(plan.tw, plan.lanes) + (plan.a - 1) // plan.m) // plan.lanes) * plan.lanes
+    """Columns per phase line of the phase-split input rows: the transform reads every slot and
+    (a - 1) // m columns past it."""
+    return plan.tp + plan.lanes
 
 
 def _parts(plan: WinogradPlan) -> int:
@@ -169,16 +180,15 @@ def _parts(plan: WinogradPlan) -> int:
 
 
 def _out_row(plan: WinogradPlan) -> int:
-    """Floats per output row buffer: whole vectors of tiles (a row narrower than a vector spills)."""
-    return plan.m * max(plan.tw, plan.lanes)
+    """Floats per output row buffer: m outputs of every slot."""
+    return plan.m * plan.tp
 
 
 def _scratch_parts(g: Geometry, plan: WinogradPlan) -> list[int]:
-    """Floats per task: padded input row, phase-split rows, V [point][ic][slot], M [point][channel]
-    [slot], output rows; each 64-byte aligned."""
-    row = plan.m * _kw(plan)
-    parts = [row, plan.a * row, plan.points * g.c * plan.tp, plan.points * plan.nb * plan.mb * plan.tp,
-             plan.rt * plan.m * _out_row(plan)]
+    """Floats per task: padded input row, phase-split rows, V [point][ic][slot], M [point][channel of
+    a block][slot], output rows; each 64-byte aligned."""
+    parts = [plan.m * plan.seg, plan.a * plan.m * _kw(plan), plan.points * g.c * plan.tp,
+             plan.points * plan.mb * plan.tp, plan.m * _out_row(plan)]
     return [(p + 15) // 16 * 16 for p in parts]
 
 
@@ -186,17 +196,11 @@ def winograd_scratch_floats(g: Geometry, plan: WinogradPlan) -> int:
     return sum(_scratch_parts(g, plan))
 
 
-def _vector_loop(tw: int, lanes: int, body: list[str]) -> list[str]:
-    """``body`` for j = j0 + k, k < lanes, over whole vectors of the tw tile columns: the last vector
-    moved back to overlap the one before (values computed twice are the same), or one vector past a
-    row narrower than a vector (whose extra lanes the next row or the slack after the last one
-    absorbs)."""
-    inner = ["  AOTC_IVDEP", f"  for (size_t k = 0; k < {lanes}; k++) {{", "    const size_t j = j0 + k;",
-             *("    " + ln for ln in body), "  }"]
-    if tw < lanes:
-        return ["{", "  const size_t j0 = 0;", *inner, "}"]
-    return [f"for (size_t jb = 0; jb < {tw}; jb += {lanes}) {{",
-            f"  const size_t j0 = jb + {lanes} <= {tw} ? jb : {tw - lanes};", *inner, "}"]
+def _vector_loop(n: int, lanes: int, body: list[str]) -> list[str]:
+    """``body`` for every slot j < n (a multiple of ``lanes``), a vector of slots per step."""
+    return [f"for (size_t j0 = 0; j0 < {n}; j0 += {lanes}) {{",
+            "  AOTC_IVDEP", f"  for (size_t k = 0; k < {lanes}; k++) {{", "    const size_t j = j0 + k;",
+            *("    " + ln for ln in body), "  }", "}"]
 
 
 def _combo(coeffs: np.ndarray, terms: list[str]) -> str:
@@ -220,9 +224,8 @@ def _combo(coeffs: np.ndarray, terms: list[str]) -> str:
 def winograd_conv(g: Geometry, x: str, packed: str, y: str, target: Target, epi: Epilogue | None,
                   fn: str, plan: WinogradPlan) -> tuple[str, str]:
     """(helpers, body) of the Winograd conv; see the module docstring."""
-    m, a, tw, rt, tp, mb, nv, L = plan.m, plan.a, plan.tw, plan.rt, plan.tp, plan.mb, plan.nv, plan.lanes
+    m, a, rt, tp, mb, nv, L = plan.m, plan.a, plan.rt, plan.tp, plan.mb, plan.nv, plan.lanes
     n_pts, nb = plan.points, plan.nb
-    mp = nb * mb
     bt, _, at = matrices(m)
     C, M = g.c, g.m
     IH, IW = g.inp[1], g.inp[2]
@@ -236,7 +239,7 @@ def winograd_conv(g: Geometry, x: str, packed: str, y: str, target: Target, epi:
     helpers += [bcast_tile_kernel(target, f"{fn}_mk{k}", mb, k, tp, tp, "nk", inline=False)
                 for k in sorted({nv, (tp // L) % nv} - {0})]
 
-    # Input transform of one tile row: d[r][c] = phase-split row r, phase c % m, column j + c / m.
+    # Input transform of every slot: d[r][c] = phase-split row r, phase c % m, column j + c / m.
     j = Ix.of("j")
     d = [[f"ph[{j + (r * m + c % m) * kw + c // m}]" for c in range(a)] for r in range(a)]
     tin = []
@@ -246,8 +249,8 @@ def winograd_conv(g: Geometry, x: str, packed: str, y: str, target: Target, epi:
         for c2 in range(a):
             tin.append(f"vr[{(r2 * a + c2) * C * tp} + j] = {_combo(bt[r2], [f't{r}_{c2}' for r in range(a)])};")
 
-    # Output transform of one channel, one tile row: o[r''][c''] = AT M A into m output rows.
-    mv = [[f"mr[{(r * a + c) * mp * tp} + j]" for c in range(a)] for r in range(a)]
+    # Output transform of one channel, every slot: o[r''][c''] = AT M A into m output rows.
+    mv = [[f"mr[{(r * a + c) * mb * tp} + j]" for c in range(a)] for r in range(a)]
     tout = []
     for r in range(a):
         tout += [f"const float s{r}_{c2} = {_combo(at[c2], mv[r])};" for c2 in range(m)]
@@ -265,61 +268,62 @@ def winograd_conv(g: Geometry, x: str, packed: str, y: str, target: Target, epi:
     parts = _parts(plan)
     decl, u = split_unit("t", [("part", parts), ("tr", nu), ("n", g.n)], keep=bool(epi))
     part, tr0, n = u["part"], u["tr"] * rt, u["n"]
+    seg = plan.seg
+    ti = Ix.of("ti") if rt > 1 else Ix()
     body = [*([decl] if decl else []),
             f"const size_t tr0 = {tr0};",
             f"const size_t b0 = {part * nb // parts}, b1 = {(part + 1) * nb // parts};",
-            f"const size_t c1 = b1 * {mb} < {M} ? b1 * {mb} : {M};",
             f"const float *restrict xn = {offset(x, n * (C * IS))};",
-            # Tile slots past the unit's tiles (and past the plane) read zeros: rows outside the
-            # input are zero-filled, and columns past rt * tw are zeroed once per task.
+            # The padded row's borders and the phase lines' tails past the unit's rows (read by junk
+            # slots only) are zeroed once per task.
             "if (t == t0) {",
-            f"  for (size_t i = 0; i < {m * kw}; i++) prow[i] = 0;",
-            f"  for (size_t i = 0; i < {n_pts * C}; i++)",
-            f"    for (size_t j = {rt * tw}; j < {tp}; j++) vv[i * {tp} + j] = 0;",
+            f"  for (size_t i = 0; i < {m * seg}; i++) prow[i] = 0;",
+            f"  for (size_t i = 0; i < {a * m * kw}; i++) ph[i] = 0;",
             "}",
             f"{'' if parts == 1 else 'if (t == t0 || part == 0) '}for (size_t ic = 0; ic < {C}; ic++) {{",
-            f"  for (size_t ti = 0; ti < {rt}; ti++) {{",
+            *([f"  for (size_t ti = 0; ti < {rt}; ti++)"] if rt > 1 else []),
             f"    for (size_t r = 0; r < {a}; r++) {{",
-            f"      const ptrdiff_t ih = (ptrdiff_t)((tr0 + ti) * {m} + r) - {PH};",
-            f"      float *restrict pr = ph + r * {m * kw};",
+            f"      const ptrdiff_t ih = (ptrdiff_t)({(Ix.of('tr0') + ti) * m + 'r'}) - {PH};",
+            f"      float *restrict pr = {offset('ph', Ix.of('r') * (m * kw) + ti * seg)};",
             f"      if (ih >= 0 && ih < {IH}) {{",
             f"        const float *restrict xr = xn + ic * {IS} + ih * {IW};",
             f"        for (size_t i = 0; i < {IW}; i++) prow[{PW} + i] = xr[i];",
-            f"        for (size_t k = 0; k < {kw}; k++) {{",
+            f"        for (size_t k = 0; k < {seg}; k++) {{",
             *(f"          pr[{Ix.of('k') + c * kw}] = prow[{Ix.of('k') * m + c}];" for c in range(m)),
             "        }",
             "      } else {",
-            f"        for (size_t i = 0; i < {m * kw}; i++) pr[i] = 0;",
+            f"        for (size_t k = 0; k < {seg}; k++) {{",
+            *(f"          pr[{Ix.of('k') + c * kw}] = 0;" for c in range(m)),
+            "        }",
             "      }",
             "    }",
-            f"    float *restrict vr = vv + ic * {tp} + ti * {tw};",
-            *("    " + ln for ln in _vector_loop(tw, L, tin)),
-            "  }",
+            f"  float *restrict vr = vv + ic * {tp};",
+            *("  " + ln for ln in _vector_loop(tp, L, tin)),
             "}",
-            f"for (size_t xi = 0; xi < {n_pts}; xi++)",
-            "  for (size_t blk = b0; blk < b1; blk++) {",
-            f"    const float *restrict u = {packed} + (xi * {nb} + blk) * {C * mb};",
-            f"    float *restrict mo = mm + (xi * {mp} + blk * {mb}) * {tp};",
+            # Per block of output channels: its GEMMs over every point, then their output transform.
+            "for (size_t blk = b0; blk < b1; blk++) {",
+            f"  for (size_t xi = 0; xi < {n_pts}; xi++) {{",
+            f"    const float *restrict u = {offset(packed, (Ix.of('xi') * nb + 'blk') * (C * mb))};",
+            f"    float *restrict mo = mm + xi * {mb * tp};",
             *(f"    {fn}_mk{k}({offset('vv', Ix.of('xi') * (C * tp) + p0)}, u, {fn}_zeros, {offset('mo', p0)}, {C});"
               for p0, k in groups),
             "  }",
-            f"for (size_t c = b0 * {mb}; c < c1; c++) {{",
-            f"  const float bc = {packed}[{uoff} + c];",
-            f"  for (size_t ti = 0; ti < {rt}; ti++) {{",
-            f"    const float *restrict mr = mm + c * {tp} + ti * {tw};",
-            f"    float *restrict orow = ob + ti * {m * orw};",
-            *("    " + ln for ln in _vector_loop(tw, L, tout)),
-            "  }",
-            f"  for (size_t r = 0; r < {rt * m} && tr0 * {m} + r < {OH}; r++) {{",
-            f"    const size_t s0 = (tr0 * {m} + r) * {OW};",
-            f"    const float *restrict orow = ob + r * {orw};",
-            f"    float *restrict yr = {offset(y, (n * M + 'c') * OS + 's0')};",
-            f"    for (size_t q = 0; q < {OW}; q++) {{",
-            *(["      const size_t s = s0 + q; (void)s;"] if epi else []),
-            "      float v = orow[q] + bc;",
-            *epi_block(epi, g, "s", "      "),
-            "      yr[q] = v;",
-            "    }", "  }", "}"]
+            f"  const size_t c1 = (blk + 1) * {mb} < {M} ? (blk + 1) * {mb} : {M};",
+            f"  for (size_t c = blk * {mb}; c < c1; c++) {{",
+            f"    const float bc = {packed}[{uoff} + c];",
+            f"    const float *restrict mr = mm + (c - blk * {mb}) * {tp};",
+            "    float *restrict orow = ob;",
+            *("    " + ln for ln in _vector_loop(tp, L, tout)),
+            f"    for (size_t r = 0; r < {rt * m} && tr0 * {m} + r < {OH}; r++) {{",
+            f"      const size_t s0 = (tr0 * {m} + r) * {OW};",
+            f"      const float *restrict orow = ob + r % {m} * {orw} + r / {m} * {seg * m};",
+            f"      float *restrict yr = {offset(y, (n * M + 'c') * OS + 's0')};",
+            f"      for (size_t q = 0; q < {OW}; q++) {{",
+            *(["        const size_t s = s0 + q; (void)s;"] if epi else []),
+            "        float v = orow[q] + bc;",
+            *epi_block(epi, g, "s", "        "),
+            "        yr[q] = v;",
+            "      }", "    }", "  }", "}"]
     sizes = _scratch_parts(g, plan)
     offs = [sum(sizes[:i]) for i in range(len(sizes))]
     head = (f"float *restrict prow = scratch + task * (size_t){sum(sizes)};\n"
