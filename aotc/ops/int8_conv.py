@@ -31,6 +31,7 @@ from aotc.ops.registry import OpDef, register
 BLOCK = 16        # output channels per packed weight vector (64 bytes)
 UNITS = 8         # work units to aim for: row blocks x channel chunks
 CHUNK_BLOCKS = 8  # 128 output channels per chunk at most
+TILE = 6          # the pixels of the VNNI register tiles, which the split of the rows is fitted to
 
 
 @dataclass(frozen=True)
@@ -70,11 +71,17 @@ class QGeometry:
         return max(self.w + self.pl, (self.wo - 1) * self.sw + (self.kw - 1) * self.dw + 1)
 
     def split(self) -> tuple[int, int, int]:
-        """(rows per unit, channel blocks per chunk, chunks)."""
+        """(rows per unit, channel blocks per chunk, chunks): at least ``UNITS`` units where the image
+        allows, and of those row counts the one whose units need the fewest pixel tiles (a unit's
+        last tile is as slow as a full one)."""
         cb = min(self.blocks, CHUNK_BLOCKS)
         chunks = -(-self.blocks // cb)
         row_blocks = min(self.ho, max(1, -(-UNITS // (chunks * self.n))))
-        return -(-self.ho // row_blocks), cb, chunks
+
+        def tiles(r: int) -> tuple[int, int]:
+            full, last = divmod(self.ho, r)
+            return full * -(-r * self.wo // TILE) + -(-last * self.wo // TILE), -r
+        return min(range(1, -(-self.ho // row_blocks) + 1), key=tiles), cb, chunks
 
     def slice_rows(self) -> int:
         r, _, _ = self.split()
