@@ -7,7 +7,9 @@ G[g, m, (n, o)], per group g:
     dW = G @ cols           dCols = G^T @ W, folded back onto the input by ``aotc.Col2Im``
     dB = the sum of G over batch and positions
 
-Groups are the batch of the products; depthwise convs have kernels of their own (depthwise.py).
+Groups are the batch of the products; depthwise convs have kernels of their own (depthwise.py). A float32
+Conv with run-time weights is itself rewritten as im2col + GEMM before differentiation (``conv_as_gemm``),
+and then differentiated by the MatMul and Im2Col rules, its columns shared with the weight gradient.
 """
 
 from __future__ import annotations
