@@ -226,6 +226,8 @@ def test_normalization_gradients(tmp_path) -> None:
              lambda x, s, b, m, v: F.batch_norm(x, m, v, s, b, training=False), consts={"m": mean, "v": var}),
         case("layernorm", "LayerNormalization", [rand(3, 6), rand(6), rand(6)],
              lambda x, s, b: F.layer_norm(x, (6,), s, b)),
+        case("layernorm_mean_omitted", "LayerNormalization", [rand(3, 6), rand(6)],
+             lambda x, s: F.layer_norm(x, (6,), s)),
         case("layernorm_axis1", "LayerNormalization", [rand(2, 3, 4), rand(3, 4)],
              lambda x, s: F.layer_norm(x, (3, 4), s, eps=1e-3), axis=1, epsilon=1e-3),
         case("rmsnorm", "RMSNormalization", [rand(2, 3, 6), rand(6)], lambda x, s: F.rms_norm(x, (6,), s, 1e-5)),
@@ -241,6 +243,8 @@ def test_normalization_gradients(tmp_path) -> None:
         case("groupnorm", "GroupNormalization", [rand(2, 6, 5), rand(6), rand(6)],
              lambda x, s, b: F.group_norm(x, 3, s, b), num_groups=3),
     ]
+    omitted = next(c for c in cases if c.id == "layernorm_mean_omitted")
+    omitted.nodes[0].output.extend(["", omitted.outputs[0] + "_invstd"])  # Mean omitted, InvStdDev unread
     for c in [*cases[:2], cases[-1]]:  # onnx.reference computes these statistics in float32
         c.finite_differences = False
     # onnx.reference sums x, not |x|, for p = 1, runs MeanVarianceNormalization in float32 only, and sums

@@ -100,8 +100,10 @@ def _layernorm(b: GradBuilder, node: Node, dys: Grads, needs: list[bool]) -> Gra
     stat_shape = (*x.shape[:axis], *[1] * (rank - axis))
     stat_dtype = np.dtype(np.float32) if node.attr("stash_type", 1) == 1 else np.dtype(x.dtype)
     while len(node.outputs) < 3:  # the kernel writes them on its way
-        node.outputs.append(Value(f"{node.outputs[0].name}_{('mean', 'invstd')[len(node.outputs) - 1]}",
-                                  stat_shape, stat_dtype, node))
+        node.outputs.append(Value("", stat_shape, stat_dtype, node))
+    for k, what in ((1, "mean"), (2, "invstd")):
+        if not node.outputs[k].name:  # absent, or omitted in the model (the kernel skips unnamed outputs)
+            node.outputs[k].name = f"{node.outputs[0].name}_{what}"
     mean, inv = node.outputs[1], node.outputs[2]
     if mean.dtype != x.dtype:
         mean, inv = (b.op("Cast", v, to=dtypes.onnx_type(x.dtype)) for v in (mean, inv))
