@@ -23,7 +23,8 @@ STEPS, BATCH, LR = 100, 100, 0.5
 
 def train_fixture_dir() -> Path:
     """The directory holding the fixture, generated (in a subprocess) on first use."""
-    key = "train-" + hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
+    here = Path(__file__)  # the data comes from train_models.py: its changes make a new fixture too
+    key = "train-" + hashlib.sha256(here.read_bytes() + (here.parent / "train_models.py").read_bytes()).hexdigest()[:16]
     out = CACHE / key
     if (out / "done").is_file():
         return out
