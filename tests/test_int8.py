@@ -98,6 +98,31 @@ def test_qoperator_qlinearconv(int8_activations: bool, tmp_path) -> None:
     _check(q, tmp_path)
 
 
+def _matmul_model(shape: tuple[int, ...], n: int, gemm: bool, relu: bool) -> onnx.ModelProto:
+    rng = np.random.default_rng(7)
+    k = shape[-1]
+    w = (rng.standard_normal((n, k) if gemm else (k, n)) / np.sqrt(k)).astype(np.float32)
+    b = (0.3 * rng.standard_normal(n)).astype(np.float32)
+    mm = (helper.make_node("Gemm", ["x", "w", "b"], ["c"], transB=1) if gemm
+          else helper.make_node("MatMul", ["x", "w"], ["c"]))
+    act = helper.make_node("Relu" if relu else "Identity", ["c"], ["y"])
+    return make([mm, act], [vi("x", list(shape))], [vi("y", None)], [init("w", w)] + ([init("b", b)] if gemm else []))
+
+
+@pytest.mark.parametrize("case", ["matmul_rows", "matmul_3d_relu", "gemm_fc", "gemm_rows_int8", "qoperator"])
+def test_quantized_matmul_and_gemm(case: str, tmp_path) -> None:
+    """QDQ MatMul and Gemm (int32 bias) and QLinearMatMul run on the int8 conv kernel, as a 1x1 conv
+    whose pixels are the rows."""
+    shape, n, gemm, relu = {"matmul_rows": ((5, 48), 24, False, False), "matmul_3d_relu": ((2, 3, 40), 20, False, True),
+                            "gemm_fc": ((1, 64), 10, True, False), "gemm_rows_int8": ((6, 32), 17, True, True),
+                            "qoperator": ((4, 36), 12, False, False)}[case]
+    f = _matmul_model(shape, n, gemm, relu)
+    q = quantized(f, _feeds(f), qdq=case != "qoperator", int8_activations=case.endswith("int8"))
+    if case == "qoperator":
+        assert any(nd.op_type == "QLinearMatMul" for nd in q.graph.node)
+    _check(q, tmp_path)
+
+
 def _hand_qdq(relu: bool, y_zero: int) -> onnx.ModelProto:
     """QuantizeLinear -> DequantizeLinear -> Conv(DQ(w), DQ(b)) -> [Relu] -> QuantizeLinear ->
     DequantizeLinear, written out (onnxruntime's quantizer folds a Relu into the output range)."""
@@ -154,13 +179,12 @@ def _runs(cpu: str, features: str | None) -> bool:
 
 
 # Every int8 dot product: AVX-512 VNNI, its emulation on AVX-512BW, AVX-VNNI, its emulation on AVX2, and
-# portable C (--target generic).
-ISAS = [("x86-64-v4", "+avx512vnni"), ("x86-64-v4", None), ("x86-64-v3", "+avxvnni"), ("x86-64-v3", None),
-        ("generic", None)]
+# portable C (--target generic); uint8 and int8 outputs on AVX2 (packed to bytes with either saturation).
+ISAS = [("x86-64-v4", "+avx512vnni", False), ("x86-64-v4", None, True), ("x86-64-v3", "+avxvnni", True),
+        ("x86-64-v3", None, False), ("generic", None, True)]
 
 
-@pytest.mark.parametrize("int8_activations", [False, True])
-@pytest.mark.parametrize("cpu,features", ISAS)
+@pytest.mark.parametrize("cpu,features,int8_activations", ISAS)
 def test_small_quantized_cnn_every_isa(cpu: str, features: str | None, int8_activations: bool, tmp_path) -> None:
     if cpu != "generic" and (host_cpu_features() and not _runs(cpu, features)):
         pytest.skip(f"this CPU cannot run {cpu} {features or ''}")

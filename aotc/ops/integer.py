@@ -119,7 +119,8 @@ def _mm_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
         scales = (_param(node, 1, names[1], "i", m), _param(node, 4, names[4], "j", n),
                   _param(node, 6, names[6], "0", 1))
         yzp = _param(node, 7, names[7] if len(names) > 7 else None, "0", 1)
-        store = _requant(node, f"{outs[0]}[t * {n} + j]", "(int32_t)acc[j]", scales, yzp, ctype)
+        acc = f"(int32_t)(acc[j] + (uint32_t){names[8]}[j])" if len(names) > 8 else "(int32_t)acc[j]"
+        store = _requant(node, f"{outs[0]}[t * {n} + j]", acc, scales, yzp, ctype)
     else:
         store = f"{outs[0]}[t * {n} + j] = (int32_t)acc[j];"
     return "\n".join([
@@ -137,6 +138,8 @@ def _mm_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
         "}"])
 
 
+# A QLinearMatMul that aotc/passes/quantized.py made from a QDQ Gemm has the Gemm's int32 bias as a
+# 9th input, and ``_relu`` where a Relu came before the QuantizeLinear.
 register(OpDef("MatMulInteger", "kernel", _mm_infer, emit=_mm_emit))
 register(OpDef("QLinearMatMul", "kernel", _mm_infer, emit=_mm_emit))
 
