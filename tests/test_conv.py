@@ -424,7 +424,7 @@ def test_conv_paths_sanitizers_run_clean(tmp_path) -> None:
              # The tiled write-out: the last tile of the plane overlaps, a partial channel block.
              single("stem", "Conv", [Inp((1, 3, 61, 57)), w(21, 3, 3, 3), w(21)], {"pads": [1, 1, 1, 1],
                                                                                    "strides": [2, 2]}),
-             # 4 KB planes: AVX-512 writes the tiles out by rows too (see test_conv_avx512_row_write_out).
+             # 4 KB planes (see test_conv_avx512_paths).
              single("stem_4k_planes", "Conv", [Inp((1, 3, 32, 32)), w(20, 3, 3, 3), w(20)], {"pads": [1, 1, 1, 1]})]
     model, _ = build_model(cases)
     run_generated_test_under_sanitizers(model, tmp_path)
@@ -439,11 +439,12 @@ def _has_avx512() -> bool:
 
 @pytest.mark.skipif(not _has_avx512(), reason="needs a CPU with AVX-512")
 def test_conv_avx512_paths(tmp_path) -> None:
-    """AVX-512's tiled convs whose output planes are a multiple of 4 KB (every channel's strided store
-    in one L1 set) collect their tiles position-major and write rows: 3 -> 32 on 64x64 ran 10x slower
-    than on AVX2 before. Its 1x1 convs with channels in the lanes (projections, small planes): input
-    channel blocks, tails, partial channel blocks. Against onnxruntime, with an epilogue, a batch of
-    2, a partial channel block and the last tile overlapping, on 1 and 3 threads (bit-identical)."""
+    """AVX-512's tiled convs collect their tiles position-major and write rows through 8x8 transposes
+    (with a store per output, strided by the plane, 3 -> 32 on 64x64 ran 10x slower than on AVX2:
+    4 KB planes put every channel's store in one L1 set); its 1x1 convs with channels in the lanes
+    (projections, small planes): input channel blocks, tails, partial channel blocks. Against
+    onnxruntime, with an epilogue, a batch of 2, a partial channel block and the last tile
+    overlapping, on 1 and 3 threads (bit-identical)."""
     cases = [single("stem_4k", "Conv", [Inp((2, 3, 32, 32)), w(32, 3, 3, 3), w(32)], {"pads": [1, 1, 1, 1]},
                     **tol(27)),
              single("partial_block", "Conv", [Inp((1, 5, 16, 64)), w(20, 5, 3, 3)], {"pads": [1, 1, 1, 1]},

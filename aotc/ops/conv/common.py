@@ -403,8 +403,8 @@ def bcast_tile_kernel(target: Target, fn: str, mb: int, nv: int, xstride: int, y
 
 
 def lanes_of_8x8(target: Target) -> bool:
-    """Whether the ISA's vectors are the 8 lanes that AVX2's 8x8 transposes work on: the 1x1 kernel with
-    channels in the lanes and the tiled path's vector write-out are written (and measured) for them."""
+    """Whether the ISA is AVX2 (8 lanes and its 8x8 transposes): the 1x1 kernel's tile shapes for 16
+    ymm registers are measured for it (AVX-512 has its own)."""
     return target.isa.shuffles256 and target.isa.lanes == 8
 
 

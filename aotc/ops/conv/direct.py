@@ -18,7 +18,6 @@ from aotc.ops.conv.common import (
     cmin,
     epi_block,
     first_of,
-    lanes_of_8x8,
     needs_pad,
     pad_copy,
     pad_rows,
@@ -112,27 +111,18 @@ def tiled_scratch_floats(g: Geometry, target: Target) -> int:
     pad = (math.prod(padded_dims(g)) + 15) // 16 * 16 * (g.c // g.group) if needs_pad(g) else 0
     if tiled_vector_out(g, plan, target):
         q = tiled_out_chunk(plan, target)
-        sums += (q + plan.r) * plan.cb + (plan.cb * q if lanes_of_8x8(target) else 0)
+        sums += (q + plan.r) * plan.cb + plan.cb * q
     return pad + sums
-
-
-def _stores_collide(g: Geometry, plan: TilePlan) -> bool:
-    """Whether a tile's scalar stores, one per channel of a block, strided by the output plane, fall
-    into so few L1 sets (64-byte lines, 4 KB apart in a set) that more than 8 share one."""
-    sets = [(c * g.out_size * 4 // 64) % 64 for c in range(plan.cb)]
-    return max(sets.count(v) for v in set(sets)) > 8
 
 
 def tiled_vector_out(g: Geometry, plan: TilePlan, target: Target) -> bool:
     """Whether the tiled path collects its tiles position-major and writes each channel's row out
-    contiguously (through 8x8 transposes on AVX2) rather than one scalar store per output, strided
-    by the plane. On MobileNetV2's stem (27 MACs per output) the scalar write-out took about as
-    long as the sums on AVX2. AVX-512 does so where the strided stores collide in L1: a 3 -> 32
-    conv on 64x64 (16 KB planes, every channel's store in one set) ran 10x slower than on AVX2,
-    and as fast once written by rows; elsewhere (MobileNetV2's and ResNet's stems) the strided
-    reads of the buffer measured 5-10% slower than the strided stores."""
-    vector_out = lanes_of_8x8(target) or (target.isa.lanes == 16 and _stores_collide(g, plan))
-    return vector_out and ci_block(g, plan, target) == g.c // g.group
+    contiguously through 8x8 transposes (AVX2 and AVX-512, whose zmm tiles transpose as two ymm
+    halves) rather than one scalar store per output, strided by the plane. The scalar write-out took
+    about as long as the sums on MobileNetV2's stem (27 MACs per output) on AVX2; on AVX-512 that
+    stem ran 1.4x faster by rows, ResNet's 7x7 stem 1.09x, and a 3 -> 32 conv on 64x64 (16 KB
+    planes: every channel's strided store in one L1 set) 10x."""
+    return target.isa.shuffles256 and ci_block(g, plan, target) == g.c // g.group
 
 
 def tiled_out_chunk(plan: TilePlan, target: Target) -> int:
@@ -270,11 +260,9 @@ def tiled_conv(g: Geometry, x: str, packed: str, y: str, target: Target, epi: Ep
                  f"  const float *tile = sums + k * {R * cb};"]
     elif tiled_vector_out(g, plan, target):
         # Steps of Q positions: the tiles go to a position-major buffer (R rows of headroom in front
-        # for the last tile, moved back to overlap), 8x8 transposes (AVX2) turn it into one row per
-        # channel, and the epilogue runs over contiguous positions, which GCC vectorizes. AVX-512
-        # reads the buffer strided instead (its stores are what must be contiguous).
+        # for the last tile, moved back to overlap), 8x8 transposes turn it into one row per
+        # channel, and the epilogue runs over contiguous positions, which GCC vectorizes.
         Q = tiled_out_chunk(plan, target)
-        tr8 = lanes_of_8x8(target)
         body += [f"for (size_t q0 = {ch * chunk}; q0 < send; q0 += {Q}) {{",
                  f"  const size_t len = send - q0 < {Q} ? send - q0 : {Q};",
                  f"  for (size_t p = 0; p < len; p += {R}) {{",
@@ -283,20 +271,20 @@ def tiled_conv(g: Geometry, x: str, packed: str, y: str, target: Target, epi: Ep
                  f"    {fn}(xp, xo, wp, bias, 0, acc + ((ptrdiff_t)sb - (ptrdiff_t)q0) * {cb}, {cg});",
                  "  }",
                  # Rows of acc past len hold stale sums; they land in tb past len, which nothing reads.
-                 *(["  for (size_t p = 0; p < len; p += 8)",
-                    f"    for (size_t j = 0; j < {nv * L // 8}; j++) "
-                    f"{fn}_tr8(acc + p * {cb} + j * 8, {cb}, tb + j * {8 * Q} + p, {Q});"] if tr8 else []),
+                 "  for (size_t p = 0; p < len; p += 8)",
+                 f"    for (size_t j = 0; j < {nv * L // 8}; j++) "
+                 f"{fn}_tr8(acc + p * {cb} + j * 8, {cb}, tb + j * {8 * Q} + p, {Q});",
                  "  for (size_t i = 0; i < cn; i++) {",
                  "    const size_t c = c0 + i;",
                  f"    float *restrict yr = {offset(y, (n * g.m + 'c') * OS + 'q0')};",
-                 f"    const float *restrict tr = {f'tb + i * {Q}' if tr8 else 'acc + i'};",
+                 f"    const float *restrict tr = tb + i * {Q};",
                  "    for (size_t j = 0; j < len; j++) {",
                  *(["      const size_t s = q0 + j; (void)s;"] if epi else []),
-                 f"      float v = {'tr[j]' if tr8 else f'tr[j * {cb}]'};",
+                 "      float v = tr[j];",
                  *epi_block(epi, g, "s", "      "),
                  "      yr[j] = v;",
                  "    }", "  }", "}"]
-        helpers += transpose8(fn) if tr8 else ""
+        helpers += transpose8(fn)
     else:
         body += [f"float tile[{R * cb}] __attribute__((aligned(64)));",
                  *tiles, *offsets,
@@ -314,9 +302,8 @@ def tiled_conv(g: Geometry, x: str, packed: str, y: str, target: Target, epi: Ep
         head = f"float *restrict xpad = scratch + task * (size_t){per_task};\n{task_bounds(units)}\n"
     if cib < cg:
         head += f"float *restrict sums = scratch + task * (size_t){per_task} + {per_task - chunk * cb};\n"
-    if tiled_vector_out(g, plan, target):  # the last (Q + R + Q) * CB floats of the task's scratch (AVX2)
+    if tiled_vector_out(g, plan, target):  # the last (Q + R + Q) * CB floats of the task's scratch
         Q = tiled_out_chunk(plan, target)
-        tb = Q * cb if lanes_of_8x8(target) else 0
-        head += f"float *restrict acc = scratch + task * (size_t){per_task} + {per_task - Q * cb - tb};\n"
-        head += f"float *restrict tb = acc + {Q * cb};\n" if tb else ""
+        head += (f"float *restrict acc = scratch + task * (size_t){per_task} + {per_task - Q * cb - Q * cb};\n"
+                 f"float *restrict tb = acc + {Q * cb};\n")
     return helpers, head + task_loop(units, "\n".join("  " + ln for ln in body))

@@ -1,6 +1,5 @@
 """1x1 convs with fewer output than input channels, or on small planes (AVX2, AVX-512): the tiled
-path blocked over input channels, written out through 8x8 transposes (AVX2) or rows read from the
-position-major sums (AVX-512)."""
+path blocked over input channels, written out through 8x8 transposes."""
 
 from __future__ import annotations
 
@@ -109,7 +108,6 @@ def pointwise_conv(g: Geometry, x: str, packed: str, y: str, target: Target, epi
     assert plan is not None
     cg, mg = g.c // g.group, g.m // g.group
     cb, nv, R, L = plan.cb, plan.nv, plan.r, plan.lanes
-    tr8 = lanes_of_8x8(target)
     nb = -(-mg // cb)
     OS = g.out_size
     Q, Q8 = pointwise_chunk(g, plan, target)
@@ -127,8 +125,8 @@ def pointwise_conv(g: Geometry, x: str, packed: str, y: str, target: Target, epi
         or the sums so far, stride CB); init and out may be the same buffer, so neither is restrict.
         GCC folds the weight loads into the FMAs, one load per FMA: with the broadcasts that is more
         loads than Zen 3's two 256-bit loads a cycle can feed (k8 of MobileNetV2 ran at 60% of peak).
-        An empty asm statement keeps the weight vectors that fit in registers (16 minus the
-        accumulators minus the broadcast) there. Not inlined: inlined into the task loop, the
+        An empty asm statement keeps the weight vectors that fit in registers (all of them minus
+        the accumulators minus the broadcast) there. Not inlined: inlined into the task loop, the
         epilogue's Clip constants (vectorized since -fno-trapping-math) took a register and GCC kept
         one accumulator on the stack, 1.7x slower on MobileNetV2's 160 -> 960 convs on 7x7."""
         pin = max(0, min(nv, vec.registers - 1 - r_ * nv))
@@ -141,7 +139,7 @@ def pointwise_conv(g: Geometry, x: str, packed: str, y: str, target: Target, epi
                f"    const float *restrict wr = w + ci * {cb};"]
         mk += [f"    {'' if j < pin else 'const '}{vt} w{j} = {vec.vload(offset('wr', j * L))};" for j in range(nv)]
         if pin:  # "x": xmm0-15 (the AVX2 registers), "v": any of AVX-512's 32
-            mk.append('    __asm__("" : ' + ", ".join(f'"+{"x" if tr8 else "v"}"(w{j})' for j in range(pin)) + ");")
+            mk.append('    __asm__("" : ' + ", ".join(f'"+{"x" if L == 8 else "v"}"(w{j})' for j in range(pin)) + ");")
         for r in range(r_):
             mk += bcast_fma(vec, r, nv, offset("xr", r), "xb", "w", "    ")
         mk.append("  }")
@@ -149,8 +147,7 @@ def pointwise_conv(g: Geometry, x: str, packed: str, y: str, target: Target, epi
         mk.append("}")
         return mk
 
-    helpers = [vec.include, *micro(R), *(ln for r_ in sorted(set(tail)) for ln in micro(r_)),
-               *([transpose8(fn)] if tr8 else [])]
+    helpers = [vec.include, *micro(R), *(ln for r_ in sorted(set(tail)) for ln in micro(r_)), transpose8(fn)]
     tail_calls = [f"    {fn}_r{r_}(xk + p, kn, wk, init + p * is, is, acc + p * {cb}); p += {r_};" for r_ in tail]
     units = g.n * g.group * nch * nb
     decl, u = split_unit("t", [("blk", nb), ("ch", nch), ("grp", g.group), ("n", g.n)], keep=bool(epi))
@@ -175,14 +172,9 @@ def pointwise_conv(g: Geometry, x: str, packed: str, y: str, target: Target, epi
             "}",
             # Rows of acc past len (the last block of 8) hold stale values; they land in tb past len,
             # which nothing reads.
-            *(["for (size_t p = 0; p < len; p += 8)",
-               f"  for (size_t j = 0; j < {nv}; j++) "
-               f"{fn}_tr8(acc + p * {cb} + j * 8, {cb}, tb + j * {8 * Q8} + p, {Q8});"] if tr8 else
-              # AVX-512: a plain transposing copy, so that the epilogue loop below (a Swish's
-              # exp and division) still runs over contiguous floats: run on the strided sums it was
-              # scalar, 2x slower than the rows path on EfficientNet's 7x7 1x1 convs.
-              ["for (size_t i = 0; i < cn; i++)",
-               f"  for (size_t p = 0; p < len; p++) tb[i * {Q8} + p] = acc[p * {cb} + i];"]),
+            "for (size_t p = 0; p < len; p += 8)",
+            f"  for (size_t j = 0; j < {cb // 8}; j++) "
+            f"{fn}_tr8(acc + p * {cb} + j * 8, {cb}, tb + j * {8 * Q8} + p, {Q8});",
             "for (size_t i = 0; i < cn; i++) {",
             "  const size_t c = c0 + i;",
             f"  float *restrict yr = {offset(y, (n * g.m + 'c') * OS + 's0')};",
