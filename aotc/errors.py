@@ -9,14 +9,23 @@ class AotcError(Exception):
     """An error caused by the user's input, reported without a traceback."""
 
 
-class UnsupportedOpsError(AotcError):
-    """The model uses ops aotc cannot compile. Lists every op type and the nodes that use it."""
+class MissingOpsError(AotcError):
+    """Ops aotc cannot handle, all listed in one message with the first nodes of each (``missing``: op
+    type -> the nodes that use it); a subclass says in ``what`` what they lack."""
+
+    what: str
 
     def __init__(self, missing: dict[str, list[str]]) -> None:
         self.missing = missing
         parts = [f"{op} (nodes: {', '.join(names[:5])}{', ...' if len(names) > 5 else ''})"
                  for op, names in sorted(missing.items())]
-        super().__init__(f"unsupported ops: {'; '.join(parts)}")
+        super().__init__(f"{self.what}: {'; '.join(parts)}")
+
+
+class UnsupportedOpsError(MissingOpsError):
+    """The model uses ops aotc cannot compile."""
+
+    what = "unsupported ops"
 
 
 class BuildError(AotcError):

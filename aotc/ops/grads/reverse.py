@@ -8,20 +8,16 @@ from collections.abc import Callable
 
 import numpy as np
 
-from aotc.errors import AotcError
+from aotc.errors import MissingOpsError
 from aotc.ir.graph import Graph, Node, Value
 from aotc.ops.grads.builder import GradBuilder, Grads, differentiable
 from aotc.ops.registry import OPS
 
 
-class NoGradientError(AotcError):
+class NoGradientError(MissingOpsError):
     """Ops between the parameters and the loss without a gradient rule; lists every one at once."""
 
-    def __init__(self, missing: dict[str, list[str]]) -> None:
-        self.missing = missing
-        parts = [f"{op} (nodes: {', '.join(names[:5])}{', ...' if len(names) > 5 else ''})"
-                 for op, names in sorted(missing.items())]
-        super().__init__(f"no gradient for: {'; '.join(parts)}")
+    what = "no gradient for"
 
 
 def active_nodes(nodes: list[Node], loss: Value, wrt: list[Value]) -> list[Node]:
