@@ -65,7 +65,8 @@ def _split(b: GradBuilder, node: Node, dys: Grads, needs: list[bool]) -> Grads:
     return [parts[0] if len(parts) == 1 else b.op("Concat", *parts, axis=axis)]
 
 
-def _slice_grad_infer(node: Node):
+def _input_shaped(node: Node):
+    """The scatter-back kernels' output: the forward input's shape (attribute ``shape``), the cotangent's dtype."""
     return [(tuple(node.attrs["shape"]), node.inputs[0].dtype)]
 
 
@@ -87,7 +88,7 @@ def _slice_grad_emit(node: Node, ins: list[str], outs: list[str], ctype: str) ->
     return "\n".join(lines)
 
 
-register(OpDef("aotc.SliceGrad", "kernel", _slice_grad_infer, emit=_slice_grad_emit))
+register(OpDef("aotc.SliceGrad", "kernel", _input_shaped, emit=_slice_grad_emit))
 
 
 @rule("Slice")
@@ -122,10 +123,6 @@ def _pad(b: GradBuilder, node: Node, dys: Grads, needs: list[bool]) -> Grads:
     return [out]
 
 
-def _gather_grad_infer(node: Node):
-    return [(tuple(node.attrs["shape"]), node.inputs[0].dtype)]
-
-
 def _gather_grad_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
     """dX[o, k, i] += dY[o, j, i] for k = indices[j]; the tasks share the rows by columns ``i``, so two
     never add into the same element, and each adds its indices in order (the same result for any count)."""
@@ -148,15 +145,22 @@ def _gather_grad_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -
             f"  }}\n}}")
 
 
-register(OpDef("aotc.GatherGrad", "kernel", _gather_grad_infer, emit=_gather_grad_emit))
+register(OpDef("aotc.GatherGrad", "kernel", _input_shaped, emit=_gather_grad_emit))
+
+
+def _added_back(b: GradBuilder, node: Node, g: Value | None, kernel: str, idx: Value | None,
+                axis: int = 0) -> Grads:
+    """The cotangent ``g`` added back by ``kernel`` where ``node`` read its input at indices ``idx``
+    along its ``axis`` attribute (``axis`` when it has none)."""
+    x = node.inputs[0]
+    assert x is not None and idx is not None and g is not None
+    axis = norm_axis(int(node.attr("axis", axis)), len(x.shape), node)
+    return [b.op(kernel, g, idx, shape=list(x.shape), axis=axis), None]
 
 
 @rule("Gather")
 def _gather(b: GradBuilder, node: Node, dys: Grads, needs: list[bool]) -> Grads:
-    x, idx, g = node.inputs[0], node.inputs[1], dys[0]
-    assert x is not None and idx is not None and g is not None
-    axis = norm_axis(int(node.attr("axis", 0)), len(x.shape), node)
-    return [b.op("aotc.GatherGrad", g, idx, shape=list(x.shape), axis=axis), None]
+    return _added_back(b, node, dys[0], "aotc.GatherGrad", node.inputs[1])
 
 
 @rule("Tile")
@@ -167,10 +171,6 @@ def _tile(b: GradBuilder, node: Node, dys: Grads, needs: list[bool]) -> Grads:
     reps = [int(r) for r in const_input(node, 1, "repeats").reshape(-1)]
     split = b.reshape(g, [v for r, d in zip(reps, x.shape, strict=True) for v in (r, d)])
     return [b.reshape(b.reduce_sum(split, list(range(0, 2 * len(reps), 2))), x.shape), None]
-
-
-def _elements_grad_infer(node: Node):
-    return [(tuple(node.attrs["shape"]), node.inputs[0].dtype)]
 
 
 def _elements_grad_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
@@ -194,24 +194,18 @@ def _elements_grad_emit(node: Node, ins: list[str], outs: list[str], ctype: str)
     return "\n".join(lines)
 
 
-register(OpDef("aotc.GatherElementsGrad", "kernel", _elements_grad_infer, emit=_elements_grad_emit))
+register(OpDef("aotc.GatherElementsGrad", "kernel", _input_shaped, emit=_elements_grad_emit))
 
 
 @rule("GatherElements")
 def _gather_elements(b: GradBuilder, node: Node, dys: Grads, needs: list[bool]) -> Grads:
-    x, idx, g = node.inputs[0], node.inputs[1], dys[0]
-    assert x is not None and idx is not None and g is not None
-    axis = norm_axis(int(node.attr("axis", 0)), len(x.shape), node)
-    return [b.op("aotc.GatherElementsGrad", g, idx, shape=list(x.shape), axis=axis), None]
+    return _added_back(b, node, dys[0], "aotc.GatherElementsGrad", node.inputs[1])
 
 
 @rule("TopK")
 def _top_k(b: GradBuilder, node: Node, dys: Grads, needs: list[bool]) -> Grads:
     """The values are the input gathered at the indices output along the axis."""
-    x, g = node.inputs[0], dys[0]
-    assert x is not None and g is not None
-    axis = norm_axis(int(node.attr("axis", -1)), len(x.shape), node)
-    return [b.op("aotc.GatherElementsGrad", g, node.outputs[1], shape=list(x.shape), axis=axis), None]
+    return _added_back(b, node, dys[0], "aotc.GatherElementsGrad", node.outputs[1], axis=-1)
 
 
 def _space_depth_steps(node: Node) -> tuple[tuple[int, ...], list[int]]:
