@@ -34,8 +34,27 @@ def env() -> jinja2.Environment:
                               undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
 
 
+class _Described:
+    """How the generated comments and metadata tables spell a tensor's ``name`` and ``dtype``."""
+
+    name: str
+    dtype: str
+
+    @property
+    def comment_name(self) -> str:
+        return comment(self.name)
+
+    @property
+    def c_string(self) -> str:
+        return c_string(self.name)
+
+    @property
+    def dtype_code(self) -> int:
+        return dtypes.DTYPE_CODES[self.dtype]
+
+
 @dataclass
-class TensorInfo:
+class TensorInfo(_Described):
     name: str
     param: str
     dtype: str
@@ -61,18 +80,6 @@ class TensorInfo:
     def api_ctype(self) -> str:
         """The type the header declares: ``bool`` (from stdbool.h) reads as _Bool in C and as bool in C++."""
         return "bool" if self.ctype == "_Bool" else self.ctype
-
-    @property
-    def comment_name(self) -> str:
-        return comment(self.name)
-
-    @property
-    def c_string(self) -> str:
-        return c_string(self.name)
-
-    @property
-    def dtype_code(self) -> int:
-        return dtypes.DTYPE_CODES[self.dtype]
 
     @property
     def emulated(self) -> bool:
@@ -277,7 +284,7 @@ def _calls(entry: Entry, prefix: str, name: str, blob: _Blob, lib: Library, targ
 
 
 @dataclass
-class _SlotInfo:
+class _SlotInfo(_Described):
     """A state tensor as the header and the state table describe it."""
 
     name: str
@@ -289,17 +296,7 @@ class _SlotInfo:
     offset: int
     nbytes: int
 
-    @property
-    def comment_name(self) -> str:
-        return comment(self.name)
 
-    @property
-    def c_string(self) -> str:
-        return c_string(self.name)
-
-    @property
-    def dtype_code(self) -> int:
-        return dtypes.DTYPE_CODES[self.dtype]
 
 
 def _slot_infos(state: StateLayout) -> list[_SlotInfo]:
