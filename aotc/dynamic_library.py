@@ -22,7 +22,7 @@ import onnx
 
 from aotc import __version__
 from aotc.build import StagedBuild, check_output_dir, output_errors
-from aotc.codegen.library import API, Library, TensorInfo, env, generate
+from aotc.codegen.library import API, Library, TensorInfo, cdef, env, generate
 from aotc.codegen.names import c_string, check_model_name, comment
 from aotc.dynamic_batch import batch_axes
 from aotc.errors import RUN_ERRORS, AotcError
@@ -383,16 +383,10 @@ def _metadata(name: str, dims: list[DimInfo], cores: list[str], ins: list[_DimTe
 
 
 def _cdef(name: str, build_id: str, pool: bool) -> str:
-    text = (f"/* aotc build {build_id} */\n"
+    """The bindings' declarations: a static library's entry points (run at the largest sizes) and
+    NAME_run_dims_parallel."""
+    return (f"/* aotc build {build_id} */\n"
             f"const char *{name}_build_id(void);\n"
-            "typedef struct aotc_parallel aotc_parallel;\n"
-            f"int {name}_run_dims_parallel(const int64_t *dims, const void *const *inputs, void *const *outputs,\n"
-            "    void *workspace, size_t workspace_bytes, const aotc_parallel *par);\n"
-            f"int {name}_run_parallel(const void *const *inputs, void *const *outputs, void *workspace,\n"
-            "    size_t workspace_bytes, const aotc_parallel *par);\n"
-            f"size_t {name}_workspace_size(void);\n"
-            f"size_t {name}_workspace_size_for_threads(size_t num_threads);\n")
-    if pool:
-        text += (f"aotc_parallel *{name}_pool_create(size_t num_threads);\n"
-                 f"void {name}_pool_destroy(aotc_parallel *pool);\n")
-    return text
+            + cdef(name, pool=pool)
+            + f"int {name}_run_dims_parallel(const int64_t *dims, const void *const *inputs, void *const *outputs,\n"
+            "    void *workspace, size_t workspace_bytes, const aotc_parallel *par);\n")
