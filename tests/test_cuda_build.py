@@ -22,8 +22,8 @@ from aotc.compiler import compile_model
 from aotc.errors import AotcError
 from aotc.target import resolve
 
-# nvcc's warnings and the host compiler's -Wall -Wextra, all errors.
-STRICT = ["-Werror", "all-warnings", "-Xcompiler", "-Wall,-Wextra,-Werror"]
+# nvcc's and ptxas's warnings and the host compiler's -Wall -Wextra, all errors.
+STRICT = ["-Werror", "all-warnings", "-Xptxas", "-Werror", "-Xcompiler", "-Wall,-Wextra,-Werror"]
 
 
 def _build(model, tmp_path: Path, name: str, **kw):
