@@ -253,3 +253,35 @@ def test_reduction_plan_covers_each_element_once(n_out: int, n_red: int, column:
         for lane in range(group):
             seen[rlo + lane:rhi:group] += 1
     assert (seen == 1).all()
+
+
+def test_device_arrays_and_streams_are_read_without_a_copy() -> None:
+    """The bindings' reading of __cuda_array_interface__ and of stream objects (no GPU needed)."""
+    from aotc.bindings import TensorSpec
+    from aotc.cuda_bindings import device_pointer, stream_handle
+
+    class Dev:
+        def __init__(self, shape, typestr="<f4", strides=None, readonly=False) -> None:
+            self.__cuda_array_interface__ = {"shape": shape, "typestr": typestr, "strides": strides,
+                                             "data": (0x7000, readonly), "version": 3}
+
+    t = TensorSpec("x", np.dtype(np.float32), (2, 3))
+    assert device_pointer(Dev((2, 3)), t, "m", writable=True) == 0x7000
+    assert device_pointer(Dev((2, 3), strides=(12, 4)), t, "m", writable=False) == 0x7000
+    assert device_pointer(np.zeros((2, 3), np.float32), t, "m", writable=False) is None  # host: copied
+    for bad, err in ((Dev((2, 3), "<f8"), TypeError), (Dev((3, 2)), ValueError),
+                     (Dev((2, 3), strides=(4, 8)), ValueError)):
+        with pytest.raises(err):
+            device_pointer(bad, t, "m", writable=False)
+    with pytest.raises(ValueError, match="read-only"):
+        device_pointer(Dev((2, 3), readonly=True), t, "m", writable=True)
+
+    class TorchStream:
+        cuda_stream = 0x55
+
+    class CupyStream:
+        ptr = 0x66
+
+    assert [stream_handle(s) for s in (None, 7, TorchStream(), CupyStream())] == [0, 7, 0x55, 0x66]
+    with pytest.raises(TypeError):
+        stream_handle("default")
