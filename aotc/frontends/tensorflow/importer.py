@@ -20,7 +20,7 @@ Without fetches, the outputs are the tensors no node reads (a frozen Keras model
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -241,36 +241,21 @@ def _needed(nodes: dict[str, Any], fetches: list[TensorKey],
             feeds: dict[TensorKey, Any]) -> tuple[list[Any], set[TensorKey]]:
     """The nodes the fetches need, inputs first, not looking upstream of a fed tensor; and the feeds
     reached."""
-    order: list[Any] = []
-    state: dict[str, int] = {}  # 1: on the stack, 2: done
-    used: set[TensorKey] = set()
-    for key in fetches:
-        if key in feeds:
-            used.add(key)
-            continue
-        stack = [(key[0], False)]
-        while stack:
-            name, expanded = stack.pop()
-            if expanded:
-                state[name] = 2
-                order.append(nodes[name])
-                continue
-            if state.get(name) == 2:
-                continue
-            state[name] = 1
-            stack.append((name, True))
-            for k in _data_inputs(nodes[name]):
-                if k in feeds:
-                    used.add(k)
-                    continue
-                if k[0] not in nodes:
-                    raise AotcError(f"{nodes[name].op} node {name!r} reads {tensor_name(k)!r}, which no node "
-                                    "defines")
-                if state.get(k[0]) == 1:
-                    raise AotcError(f"graph has a cycle through node {k[0]!r}")
-                if state.get(k[0]) != 2:
-                    stack.append((k[0], False))
-    return order, used
+    used = {key for key in fetches if key in feeds}
+
+    def inputs(name: str) -> list[str]:
+        found = []
+        for k in _data_inputs(nodes[name]):
+            if k in feeds:
+                used.add(k)
+            elif k[0] not in nodes:
+                raise AotcError(f"{nodes[name].op} node {name!r} reads {tensor_name(k)!r}, which no node defines")
+            else:
+                found.append(k[0])
+        return found
+
+    order = _inputs_first([key[0] for key in fetches if key not in feeds], inputs, "graph has a cycle through node {}")
+    return [nodes[name] for name in order], used
 
 
 def assignments(nodes: dict[str, Any], fetches: list[TensorKey], feeds: dict[TensorKey, Any]) -> list[str]:
@@ -297,24 +282,37 @@ def _with_control_order(order: list[Any], nodes: dict[str, Any]) -> list[Any]:
     if not any(i.startswith("^") for n in order for i in n.input):
         return order
     member = {n.name for n in order}
+
+    def inputs(name: str) -> list[str]:
+        deps = (tensor_key(i.lstrip("^"))[0] for i in reversed(nodes[name].input))
+        return [d for d in deps if d in member]
+
+    return [nodes[name] for name in _inputs_first([n.name for n in order], inputs,
+                                                  "graph has a cycle through node {} (data and control edges)")]
+
+
+def _inputs_first(starts: list[str], inputs: Callable[[str], list[str]], cycle: str) -> list[str]:
+    """The nodes reached from ``starts`` through ``inputs``, each after its inputs (a depth-first walk
+    with a stack: graphs can be deeper than Python's recursion limit); a cycle is an AotcError, ``cycle``
+    with the node's name."""
     state: dict[str, int] = {}  # 1: on the stack, 2: done
-    out: list[Any] = []
-    for start in order:
-        stack = [(start.name, False)]
+    out: list[str] = []
+    for start in starts:
+        stack = [(start, False)]
         while stack:
             name, expanded = stack.pop()
             if expanded:
                 state[name] = 2
-                out.append(nodes[name])
+                out.append(name)
                 continue
             if state.get(name) == 2:
                 continue
             state[name] = 1
             stack.append((name, True))
-            for d in (tensor_key(i.lstrip("^"))[0] for i in reversed(nodes[name].input)):
-                if d in member and state.get(d) == 1:
-                    raise AotcError(f"graph has a cycle through node {d!r} (data and control edges)")
-                if d in member and state.get(d) != 2:
+            for d in inputs(name):
+                if state.get(d) == 1:
+                    raise AotcError(cycle.format(repr(d)))
+                if state.get(d) != 2:
                     stack.append((d, False))
     return out
 
