@@ -410,6 +410,8 @@ def test_conv_paths_sanitizers_run_clean(tmp_path) -> None:
              # Tails of one and two positions, run as two shorter tiles (7x7: 7 x 6 + 4 + 3; 2x4: 4 + 4).
              single("pointwise_7x7", "Conv", [Inp((2, 40, 7, 7)), w(16, 40, 1, 1), w(16)]),
              single("pointwise_8", "Conv", [Inp((1, 48, 2, 4)), w(16, 48, 1, 1)]),
+             # Strided, small output plane: the gathered input (two channel blocks reuse it).
+             single("pointwise_s2", "Conv", [Inp((1, 24, 11, 12)), w(20, 24, 1, 1)], {"strides": [2, 2]}),
              single("dw_s2", "Conv", [Inp((1, 3, 41, 37)), w(3, 1, 3, 3)],
                     {"group": 3, "pads": [1, 1, 1, 1], "strides": [2, 2]}),
              single("dw_s2_nopad", "Conv", [Inp((1, 2, 40, 35)), w(2, 1, 3, 3)], {"group": 2, "strides": [2, 2]}),
@@ -453,7 +455,9 @@ def test_conv_avx512_paths(tmp_path) -> None:
              single("odd_tail", "Conv", [Inp((1, 4, 33, 31)), w(16, 4, 3, 3)], {"pads": [1, 1, 1, 1]}, **tol(36)),
              single("pw_project", "Conv", [Inp((2, 600, 9, 11)), w(40, 600, 1, 1), w(40)], **tol(600)),
              single("pw_expand_7x7", "Conv", [Inp((1, 24, 7, 7)), w(72, 24, 1, 1), w(72)], **tol(24)),
-             single("pw_tail", "Conv", [Inp((1, 48, 2, 7)), w(16, 48, 1, 1)], **tol(48))]
+             single("pw_tail", "Conv", [Inp((1, 48, 2, 7)), w(16, 48, 1, 1)], **tol(48)),
+             single("pw_stride2", "Conv", [Inp((2, 72, 14, 13)), w(40, 72, 1, 1), w(40)], {"strides": [2, 2]},
+                    **tol(72))]
     model, feeds = build_model_and_feeds(cases)
     first = model.graph.output[0]  # through a Relu, which the conv applies before its stores
     model.graph.node.append(helper.make_node("Relu", [first.name], ["relu"]))

@@ -13,7 +13,7 @@ from aotc.ops.conv.common import Epilogue, Geometry, fast_rows, geometry
 from aotc.ops.conv.depthwise import depthwise_conv, phase_scratch, use_phase
 from aotc.ops.conv.direct import generic_conv, pack_conv_weights, tile_plan, tiled_conv, tiled_scratch_floats
 from aotc.ops.conv.expand_depthwise import fusable
-from aotc.ops.conv.pointwise import pointwise_chunk, pointwise_conv, pointwise_plan
+from aotc.ops.conv.pointwise import pointwise_conv, pointwise_plan, pointwise_scratch_floats
 from aotc.ops.conv.rows import pack_rows_weights, rows_chunk, rows_conv, rows_pack, rows_plan
 from aotc.ops.conv.winograd import pack_winograd_weights, winograd_conv, winograd_plan, winograd_scratch_floats
 
@@ -35,8 +35,8 @@ def conv_scratch_floats(g: Geometry, path: str, target: Target) -> int:
         return phase_scratch(g) if use_phase(g) else 0
     if path == "winograd":
         return winograd_scratch_floats(g, winograd_plan(g, target))
-    if path == "tiled" and (pw := pointwise_plan(g, target)) is not None:
-        return 2 * pw.cb * pointwise_chunk(g, pw, target)[1]
+    if path == "tiled" and pointwise_plan(g, target) is not None:
+        return pointwise_scratch_floats(g, target)
     return tiled_scratch_floats(g, target) if path == "tiled" else 0
 
 

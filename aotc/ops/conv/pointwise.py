@@ -16,6 +16,7 @@ from aotc.ops.conv.common import (
     lanes_of_8x8,
     needs_pad,
     split_unit,
+    task_bounds,
     task_loop,
     transpose8,
 )
@@ -43,6 +44,23 @@ def _pw_block_floats(target: Target) -> int:
     return target.l1d_bytes // 16
 
 
+def strided(g: Geometry) -> bool:
+    """A strided 1x1 conv reads every s-th input position. Taken on output planes of 64 positions or
+    fewer (ResNet-50's last 1024 -> 2048 downsample, 14x14 -> 7x7: in the model the tiled path
+    reread its 800 KB input per block of output channels and took 2 to 10 ms, onnxruntime 1.2 ms);
+    on larger planes the tiled path measured faster. Each unit first gathers its chunk's positions
+    of every input channel into scratch (200 KB there), which its blocks of output channels reuse."""
+    return g.s[1] > 1 or g.s[2] > 1
+
+
+def pointwise_scratch_floats(g: Geometry, target: Target) -> int:
+    """Per task: the two accumulator buffers, and a strided conv's gathered input."""
+    plan = pointwise_plan(g, target)
+    assert plan is not None
+    q, q8 = pointwise_chunk(g, plan, target)
+    return 2 * plan.cb * q8 + (g.c // g.group * q if strided(g) else 0)
+
+
 def _tiles(target: Target) -> dict[int, int] | None:
     """Positions per tile by vectors of channels, for the ISAs this kernel is written for."""
     if lanes_of_8x8(target):
@@ -54,13 +72,15 @@ def pointwise_plan(g: Geometry, target: Target) -> TilePlan | None:
     """The plan of ``pointwise_conv`` (a "tiled" conv specialized for 1x1), or None where it is not
     used: ISAs other than AVX2 and AVX-512, and shapes the rows path does better."""
     tiles = _tiles(target)
-    if tiles is None or g.taps != 1 or any(v != 1 for v in g.s) or needs_pad(g) or g.out_size < 8:
+    if tiles is None or g.taps != 1 or g.inp[0] != 1 or needs_pad(g) or g.out_size < 8:
+        return None
+    if strided(g) and g.out_size > 64:
         return None
     mg, cg = g.m // g.group, g.c // g.group
     # MobileNetV2's 1x1 convs, 1 thread, this kernel against the rows path: those with fewer output
     # than input channels ("project") 1.06-1.4x faster; expanding ones 6-30% slower on planes of
     # 14x14 and more, 7-12% faster on 7x7 (where vectors of positions overlap the most).
-    if mg > cg and g.out_size > 64:
+    if mg > cg and g.out_size > 64 and not strided(g):
         return None
 
     # Fewest padded channels per unit of speed. Measured on MobileNetV2's project convs (160, 32 and
@@ -112,6 +132,7 @@ def pointwise_conv(g: Geometry, x: str, packed: str, y: str, target: Target, epi
     OS = g.out_size
     Q, Q8 = pointwise_chunk(g, plan, target)
     nch = -(-OS // Q)
+    xs_row = Q if strided(g) else OS  # floats between input channels of what the micro-kernels read
     last = OS - (nch - 1) * Q          # positions of the last chunk; only it can end in a partial tile
     full, tail = _pointwise_tail(last, R)
     kcmax = max(1, _pw_block_floats(target) // cb)  # input channels per block
@@ -135,7 +156,7 @@ def pointwise_conv(g: Geometry, x: str, packed: str, y: str, target: Target, epi
         mk += [f"  {vt} a{r}_{j} = {vec.vload(offset('init', Ix.of('is') * r + j * L))};"
                for r in range(r_) for j in range(nv)]
         mk += ["  for (size_t ci = 0; ci < kn; ci++) {",
-               f"    const float *restrict xr = x + ci * {OS};",
+               f"    const float *restrict xr = x + ci * {xs_row};",
                f"    const float *restrict wr = w + ci * {cb};"]
         mk += [f"    {'' if j < pin else 'const '}{vt} w{j} = {vec.vload(offset('wr', j * L))};" for j in range(nv)]
         if pin:  # "x": xmm0-15 (the AVX2 registers), "v": any of AVX-512's 32
@@ -152,17 +173,29 @@ def pointwise_conv(g: Geometry, x: str, packed: str, y: str, target: Target, epi
     units = g.n * g.group * nch * nb
     decl, u = split_unit("t", [("blk", nb), ("ch", nch), ("grp", g.group), ("n", g.n)], keep=bool(epi))
     blk, ch, grp, n = u["blk"], u["ch"], u["grp"], u["n"]
+    if strided(g):  # gathered once per (image, group, chunk): blocks (the fastest part) reuse it
+        sp = Ix.of("sp")
+        src = (sp // g.out[2]) * (g.s[1] * g.inp[2]) + sp % g.out[2] * g.s[2]
+        gather = ["const float *xg = xs;",
+                  "{" if nb == 1 else "if (t == t0 || blk == 0) {",
+                  f"  const float *xc = {offset(x, (n * g.c + grp * cg) * g.in_size)};",
+                  f"  for (size_t ci = 0; ci < {cg}; ci++)",
+                  "    for (size_t j = 0, sp = s0; j < len; j++, sp++)",
+                  f"      xs[ci * {Q} + j] = xc[{Ix.of('ci') * g.in_size + src}];",
+                  "}"]
+    else:
+        gather = [f"const float *xg = {offset(x, (n * g.c + grp * cg) * OS + 's0')};"]
     kb = Ix.of("kb") if nk > 1 else Ix()
     pf = f"ch + 1 < {nch} ? {Q} : {full * R}" if nch > 1 else full * R  # the full tiles of this chunk
     body = [*([decl] if decl else []),
             f"const size_t s0 = {ch * Q}, len = {f'ch + 1 < {nch} ? {Q} : {last}' if nch > 1 else last};",
-            f"const float *xg = {offset(x, (n * g.c + grp * cg) * OS + 's0')};",
+            *gather,
             f"const float *wp = {offset(packed, (grp * nb + blk) * (cg * cb))};",
             f"const float *bias = {offset(packed, (grp * nb + blk) * cb + bias_off)};",
             f"const size_t c0 = {grp * mg + blk * cb}, cn = {block_count(mg, cb)};",
             "{" if nk == 1 else f"for (size_t kb = 0; kb < {nk}; kb++) {{",
             f"  const size_t kn = {f'kb + 1 < {nk} ? {kc} : {cg - (nk - 1) * kc}' if nk > 1 else cg};",
-            f"  const float *xk = {offset('xg', kb * (kc * OS))}, *wk = {offset('wp', kb * (kc * cb))};",
+            f"  const float *xk = {offset('xg', kb * (kc * xs_row))}, *wk = {offset('wp', kb * (kc * cb))};",
             (f"  const float *init = kb ? acc : bias; const size_t is = kb ? {cb} : 0;" if nk > 1
              else "  const float *init = bias; const size_t is = 0;"),
             "  size_t p = 0;",
@@ -186,6 +219,8 @@ def pointwise_conv(g: Geometry, x: str, packed: str, y: str, target: Target, epi
             "    yr[j] = v;",
             "  }",
             "}"]
-    head = (f"float *restrict acc = scratch + task * (size_t){2 * cb * Q8};\n"
+    head = (f"float *restrict acc = scratch + task * (size_t){pointwise_scratch_floats(g, target)};\n"
             f"float *restrict tb = acc + {cb * Q8};\n")
+    if strided(g):
+        head += f"float *restrict xs = tb + {cb * Q8};\n{task_bounds(units, hi=None)}\n"
     return "\n".join(helpers) + "\n", head + task_loop(units, "\n".join("  " + ln for ln in body))
