@@ -18,7 +18,7 @@ import onnx
 import pytest
 from int8_models import quantized
 from models import init, make, ort_run, vi
-from onnx import helper
+from onnx import TensorProto, helper
 from onnx_helpers import run_generated_test_under_sanitizers
 
 import aotc
@@ -121,6 +121,35 @@ def test_quantized_matmul_and_gemm(case: str, tmp_path) -> None:
     if case == "qoperator":
         assert any(nd.op_type == "QLinearMatMul" for nd in q.graph.node)
     _check(q, tmp_path)
+
+
+def test_threads_have_their_own_slices(tmp_path) -> None:
+    """Two threads each build their input slice in their own part of the scratch (same bytes as one)."""
+    f = _conv_model(32, 48, 40, 3, 1, 1)
+    q = quantized(f, _feeds(f))
+    feeds = _feeds(f)
+    res = compile_model(q, tmp_path, "q")
+    assert max(k.plan.tasks for k in res.graph.kernels if k.root.op == "aotc.QLinearConv") >= 2
+    want = ort_run(q, feeds)[0]
+    m = aotc.load(res.prefix, threads=2)
+    for _ in range(20):
+        np.testing.assert_array_equal(m.run(feeds)[0], want)
+
+
+def test_qlinearconv_too_long_for_int32_stays_a_loop(tmp_path) -> None:
+    """More than 65536 products per output could overflow the packed kernel's int32 sums in any order:
+    such a conv keeps the direct loop (which wraps as onnxruntime's accumulators do)."""
+    rng = np.random.default_rng(2)
+    c = 7300  # x 9 taps = 65700 products
+    inits = [init("sx", np.float32(0.01)), init("zx", np.uint8(3)),
+             init("w", rng.integers(-127, 128, (2, c, 3, 3)).astype(np.int8)), init("sw", np.float32(0.001)),
+             init("zw", np.int8(0)), init("sy", np.float32(2.0)), init("zy", np.uint8(128))]
+    node = helper.make_node("QLinearConv", ["x", "sx", "zx", "w", "sw", "zw", "sy", "zy"], ["y"], kernel_shape=[3, 3])
+    model = make([node], [vi("x", [1, c, 3, 3], TensorProto.UINT8)], [vi("y", None, TensorProto.UINT8)], inits)
+    feeds = {"x": rng.integers(0, 256, (1, c, 3, 3)).astype(np.uint8)}
+    m, ops = _compile(model, tmp_path)
+    assert "aotc.QLinearConv" not in ops and "QLinearConv" in ops
+    np.testing.assert_array_equal(m.run(feeds)[0], ort_run(model, feeds)[0])
 
 
 def _hand_qdq(relu: bool, y_zero: int) -> onnx.ModelProto:

@@ -4,16 +4,17 @@ compile time (``aotc/passes/quantized.py`` makes it from QLinearConv and from on
 Per work unit (a block of output rows of one image, a chunk of output channels) the input rows it reads
 are copied into the task's scratch in groups of 4 channels, each pixel's 4 bytes together
 (``slice[c / 4][row][col][c % 4]``), the padding and the channels up to a multiple of 4 holding the
-input zero point. Then a register
-tile of 16-channel blocks by output pixels accumulates, for each tap and each 4 input channels, the
-4 bytes of every pixel (broadcast) against the packed weights of 16 channels x 4 inputs (one vector)
-with a u8 x s8 dot-product instruction (``vpdpbusd``; the ISA table's ``Int8Dot`` entries, the
-compiler's macros choosing among them, portable C without one). int8 activations are stored +128
-(XOR 0x80), so they are unsigned too; the packed compensation (``comp``) subtracts the zero point
-(+128) times each channel's weight sum, and adds the bias, so that the accumulator is onnxruntime's
-``sum((x - zx) * w) + bias`` exactly (weights have zero point 0). Requantization is onnxruntime's:
-``float(acc) * (x_scale * w_scale / y_scale)`` in float, clamped to the output type less the zero
-point, rounded to nearest even, plus the zero point.
+input zero point. Then a register tile of 16-channel blocks by output pixels (taken flat over the
+unit's rows) accumulates, for each tap and each 4 input channels, the 4 bytes of every pixel
+(broadcast) against the packed weights of 16 channels x 4 inputs (one vector) with a u8 x s8
+dot-product instruction (``vpdpbusd``; the ISA table's ``Int8Dot`` entries, the compiler's macros
+choosing among them, portable C without one); the tile is requantized, packed to bytes and transposed
+in registers, so each channel's pixels are stored as one run of the NCHW output. int8 activations are
+stored +128 (XOR 0x80), so they are unsigned too; the packed compensation (``comp``) subtracts the
+zero point (+128) times each channel's weight sum, and adds the bias, so that the accumulator is
+onnxruntime's ``sum((x - zx) * w) + bias`` exactly (weights have zero point 0). Requantization is
+onnxruntime's: ``float(acc) * (x_scale * w_scale / y_scale)`` in float, clamped to the output type
+less the zero point, rounded to nearest even, plus the zero point.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from aotc.errors import AotcError
 from aotc.ir import dtypes
 from aotc.ir.graph import Node
 from aotc.isa import ISAS, Int8Dot
@@ -118,8 +118,9 @@ def _infer(node: Node):
 
 
 def _scratch(node: Node) -> int:
+    """Bytes of one task's slice, rounded to 64 so that each task's (at ``task`` times this) is aligned."""
     g = geometry(node)
-    return g.slice_rows() * g.wp * g.cp
+    return -(-g.slice_rows() * g.wp * g.cp // 64) * 64
 
 
 # -- C --------------------------------------------------------------------------------------------
@@ -295,7 +296,7 @@ def _emit(node: Node, ins: list[str], outs: list[str], ct: str) -> tuple[str, st
     flip = bool(node.attr("flip"))
     lo, hi, yzp = (int(node.attr(a)) for a in ("lo", "hi", "y_zero_point"))
     head = [
-        "uint8_t *xs = (uint8_t *)scratch;",
+        f"uint8_t *xs = (uint8_t *)scratch + task * (size_t){_scratch(node)};  /* this task's slice */",
         f"const float flo = {float(lo - yzp)!r}f, fhi = {float(hi - yzp)!r}f;",
         f"const int32_t yzp = {yzp};",
         f"for (size_t t = task; t < {units}; t += ntasks) {{",
@@ -319,10 +320,10 @@ def _emit(node: Node, ins: list[str], outs: list[str], ct: str) -> tuple[str, st
     return "\n".join(helpers), code
 
 
-def check(node: Node) -> None:
-    g = geometry(node)
-    if g.k4 * 4 > 65536:
-        raise AotcError(f"{node.op} node {node.name!r}: {g.k4 * 4} inputs per output overflow int32 sums")
+def fits(node: Node) -> bool:
+    """Whether the sums of ``node`` stay within int32 in any order: 255 * 128 per product, and at most
+    65536 of them (the portable code sums in int32)."""
+    return geometry(node).k4 * 4 <= 65536
 
 
 register(OpDef("aotc.QLinearConv", "kernel", _infer, emit=_emit, scratch=_scratch))

@@ -197,7 +197,7 @@ def _bias(node: Node, i: int) -> tuple[bool, np.ndarray | None]:
 
 
 def _int8_conv(x: Value, out: Value, w: np.ndarray, b: np.ndarray | None, params: list[np.ndarray], relu: bool,
-               attrs: dict, name: str) -> Node:
+               attrs: dict, name: str) -> Node | None:
     """``aotc.QLinearConv`` of ``x`` by int8 weights ``w`` [M, C, KH, KW] (2-D conv ``attrs``), scales and
     zero points ``params`` (x scale, x zero point, w scale, y scale, y zero point)."""
     sx, zx, sw, sy, zy = params
@@ -219,8 +219,7 @@ def _int8_conv(x: Value, out: Value, w: np.ndarray, b: np.ndarray | None, params
     packed = Graph.constant(int8_conv.pack_weights(w, -(-c // 4) * 4), f"{name}/packed")
     cv = Graph.constant(((comp + 2**31) % 2**32 - 2**31).astype(np.int32), f"{name}/comp")
     new = Node("aotc.QLinearConv", [x, packed, cv, Graph.constant(mul, f"{name}/mul")], [out], attrs, name)
-    int8_conv.check(new)
-    return new
+    return new if int8_conv.fits(new) else None
 
 
 _QDQ = {"Conv": _qdq_conv, "MaxPool": _qdq_maxpool, "MatMul": _qdq_matmul, "Gemm": _qdq_matmul}
@@ -239,8 +238,9 @@ def _packed(node: Node) -> list[Node] | None:
         return None
     attrs = {"kernel_shape": [g.k[1], g.k[2]], "strides": [g.s[1], g.s[2]], "dilations": [g.d[1], g.d[2]],
              "pads": [g.pb[1], g.pb[2], g.pe[1], g.pe[2]]}
-    return [_int8_conv(x, node.outputs[0], w.reshape(g.m, g.c, g.k[1], g.k[2]), b, [sx, zx, sw, sy, zy],
-                       bool(node.attr("_relu", 0)), attrs, node.name)]
+    conv = _int8_conv(x, node.outputs[0], w.reshape(g.m, g.c, g.k[1], g.k[2]), b, [sx, zx, sw, sy, zy],
+                      bool(node.attr("_relu", 0)), attrs, node.name)
+    return None if conv is None else [conv]
 
 
 def _packed_matmul(node: Node) -> list[Node] | None:
@@ -267,8 +267,11 @@ def _packed_matmul(node: Node) -> list[Node] | None:
     x = add("Reshape", x, (1, k, 1, rows))
     y = Value(f"{name}/conv", (1, n, 1, rows), out.dtype)
     attrs = {"kernel_shape": [1, 1], "strides": [1, 1], "dilations": [1, 1], "pads": [0, 0, 0, 0]}
-    nodes.append(_int8_conv(x, y, np.ascontiguousarray(w.T).reshape(n, k, 1, 1), b, [sa, za, sw, sy, zy],
-                            bool(node.attr("_relu", 0)), attrs, f"{name}/conv"))
+    conv = _int8_conv(x, y, np.ascontiguousarray(w.T).reshape(n, k, 1, 1), b, [sa, za, sw, sy, zy],
+                      bool(node.attr("_relu", 0)), attrs, f"{name}/conv")
+    if conv is None:
+        return None
+    nodes.append(conv)
     y = add("Reshape", y, (n, rows))
     y = add("Transpose", y, (rows, n), perm=[1, 0]) if rows > 1 else y
     final = Node("Reshape", [y, Graph.constant(np.array(out.shape, np.int64), f"{name}/out_shape")], [out], {},
