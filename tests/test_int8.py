@@ -237,6 +237,7 @@ def test_quantized_resnet18(tmp_path) -> None:
     m, ops = _compile(q, tmp_path)
     assert "aotc.QLinearConv" in ops and "Conv" not in ops and "MaxPool:uint8" in ops
     np.testing.assert_array_equal(m.run(feeds)[0], want)
+    np.testing.assert_array_equal(aotc.load(tmp_path / "q", threads=2).run(feeds)[0], want)
 
 
 
