@@ -403,6 +403,9 @@ Notes:
 - Training steps (`aotc compile --train`: the MLP 784-512-512-10 and a small CNN at batch 64, SGD and
   Adam, 1 and 2 threads, beside PyTorch eager and `torch.compile`) are in
   [benchmarks_training.md](benchmarks_training.md), written by `benchmarks/training.py`.
+- int8: ResNet-18 quantized by onnxruntime's `quantize_static` (QDQ), beside onnxruntime int8 and the
+  float32 runs, per ISA, and each of its convs alone, are in [benchmarks_int8.md](benchmarks_int8.md),
+  written by `benchmarks/int8.py`.
 """
 
 
