@@ -222,6 +222,18 @@ def test_small_quantized_cnn_every_isa(cpu: str, features: str | None, int8_acti
     _check(quantized(f, _feeds(f), int8_activations=int8_activations), tmp_path, **kw)
 
 
+def test_small_quantized_cnn_on_aarch64(tmp_path) -> None:
+    """Cross-compiled, the portable kernel (no x86 header reaches the file) passes its generated test
+    (outputs stored from onnxruntime) under qemu-user."""
+    from test_cross_targets import FAST, _need_cross, _run
+
+    runner = _need_cross("aarch64-linux-gnu")
+    f = _small_cnn()
+    compile_model(quantized(f, _feeds(f), int8_activations=True), tmp_path, "q", target="aarch64-linux-gnu",
+                  gen_test=True, extra_cflags=FAST)
+    _run(runner, tmp_path / "q_test")
+
+
 def test_small_quantized_cnn_sanitizers(tmp_path) -> None:
     f = _small_cnn()
     run_generated_test_under_sanitizers(quantized(f, _feeds(f), int8_activations=True), tmp_path)

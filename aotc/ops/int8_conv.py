@@ -312,7 +312,9 @@ def _emit(node: Node, ins: list[str], outs: list[str], ct: str) -> tuple[str, st
         directive = f"#{'if' if i == 0 else 'elif'} {cond}"
         body += [directive, *["  " + ln for ln in _rows(g, d, f"(const uint8_t *){packed}", outs[0], ct)]]
         isa = next(e for e in ISAS.values() if d in e.int8_dot)
-        helpers += [directive, isa.include, *([d.helpers] if d.helpers else [])]
+        # Indented: a system include at the start of a line is hoisted to the top of the file (codegen),
+        # out of its #if.
+        helpers += [directive, "  " + isa.include, *([d.helpers] if d.helpers else [])]
     body += ["#else", *["  " + ln for ln in _rows(g, None, f"(const uint8_t *){packed}", outs[0], ct)], "#endif"]
     helpers += ["#endif", "#endif", ""]
     code = "\n".join([f"const int32_t *comp = (const int32_t *){comp};", f"const float *mul = (const float *){mul};",
