@@ -32,6 +32,9 @@ BLOCK = 16        # output channels per packed weight vector (64 bytes)
 UNITS = 8         # work units to aim for: row blocks x channel chunks
 CHUNK_BLOCKS = 8  # 128 output channels per chunk at most
 TILE = 6          # the pixels of the VNNI register tiles, which the split of the rows is fitted to
+# Products per output at most: 255 * 128 each, their sum stays within int32 in any order (the portable
+# code sums in int32).
+MAX_PRODUCTS = 65536
 
 
 @dataclass(frozen=True)
@@ -323,9 +326,8 @@ def _emit(node: Node, ins: list[str], outs: list[str], ct: str) -> tuple[str, st
 
 
 def fits(node: Node) -> bool:
-    """Whether the sums of ``node`` stay within int32 in any order: 255 * 128 per product, and at most
-    65536 of them (the portable code sums in int32)."""
-    return geometry(node).k4 * 4 <= 65536
+    """Whether the sums of ``node`` stay within int32 in any order."""
+    return geometry(node).k4 * 4 <= MAX_PRODUCTS
 
 
 register(OpDef("aotc.QLinearConv", "kernel", _infer, emit=_emit, scratch=_scratch))

@@ -1,17 +1,20 @@
-"""Quantized convolutions as integer kernels.
+"""Quantized convolutions and GEMMs as integer kernels.
 
-``fuse_qdq`` (before shape inference, while the weights are still int8 constants behind their
-DequantizeLinear): onnxruntime's QDQ form, ``DequantizeLinear(x) -> Conv(DequantizeLinear(w),
+``fuse_qdq`` runs before shape inference, while the weights are still int8 constants behind their
+DequantizeLinear. For the convs and GEMMs the int8 kernel takes (2-D, one group, int8 weights of zero
+point 0), onnxruntime's QDQ form, ``DequantizeLinear(x) -> Conv(DequantizeLinear(w),
 DequantizeLinear(int32 bias)) -> [Relu] -> QuantizeLinear``, becomes the one QLinearConv it stands
 for, as onnxruntime's own QDQ transformer does (the int32 bias is the accumulator's, its scale
 x_scale * w_scale); a Relu before the QuantizeLinear clamps at the output zero point (``_relu``).
-Without it, aotc would run the float conv between elementwise (de)quantizations. A MaxPool between a
+MatMul and Gemm become QLinearMatMul the same way (a Gemm's bias as a 9th input). Other convs stay
+float between their (de)quantizations, faster than QLinearConv's direct loop. A MaxPool between a
 DequantizeLinear and a QuantizeLinear of the same scale and zero point pools the 8-bit values.
 
-``lower_qlinear`` (after inference): a 2-D QLinearConv with constant int8 weights of zero point 0 and
-constant scales and zero points becomes ``aotc.QLinearConv`` (``aotc/ops/int8_conv.py``): weights
-packed once for the dot-product kernels, the bias and the input zero point's correction folded into
-one int32 per channel, the requantization multipliers computed as onnxruntime computes them.
+``lower_qlinear`` (after inference): a 2-D QLinearConv, or a QLinearMatMul, with constant int8
+weights of zero point 0 and constant scales and zero points becomes ``aotc.QLinearConv``
+(``aotc/ops/int8_conv.py``; a QLinearMatMul as a 1x1 conv whose pixels are its rows): weights packed
+once for the dot-product kernels, the bias and the input zero point's correction folded into one
+int32 per channel, the requantization multipliers computed as onnxruntime computes them.
 """
 
 from __future__ import annotations
@@ -70,7 +73,11 @@ def _qdq_conv(conv: Node, users: dict[int, list[Node]], fetched: set[int]) -> tu
     sx, zx = _const(dx.inputs[1]), _const(dx.inputs[2])
     w, sw, zw = _const(dw.inputs[0]), _const(dw.inputs[1]), _const(dw.inputs[2])
     assert sx is not None and zx is not None and w is not None and sw is not None and zw is not None
-    if sx.size != 1 or zx.size != 1 or zx.dtype not in _QTYPES or w.dtype not in _QTYPES or w.ndim < 3:
+    # Only what the int8 kernel runs (2-D, one group, int8 weights of zero point 0): the direct loop of
+    # QLinearConv is slower than the float conv between (de)quantizations that it would replace.
+    if sx.size != 1 or zx.size != 1 or zx.dtype not in _QTYPES or w.dtype != np.int8 or w.ndim != 4 \
+            or np.any(zw) or int(conv.attr("group", 1)) != 1 \
+            or -(-w.shape[1] // 4) * 4 * w.shape[2] * w.shape[3] > int8_conv.MAX_PRODUCTS:
         return None
     if sw.size != 1 and (sw.size != w.shape[0] or int(dw.attr("axis", 1)) % w.ndim != 0):
         return None
@@ -119,9 +126,11 @@ def _qdq_matmul(mm: Node, users: dict[int, list[Node]], fetched: set[int]) -> tu
     if gemm and (mm.attr("transA", 0) or mm.attr("alpha", 1.0) != 1.0 or mm.attr("beta", 1.0) != 1.0):
         return None
     if sa.size != 1 or za.size != 1 or za.dtype not in _QTYPES or w.dtype != np.int8 or w.ndim != 2 \
-            or sa.dtype != np.float32:
+            or sa.dtype != np.float32 or np.any(zw):
         return None
     trans = gemm and bool(mm.attr("transB", 0))
+    if -(-w.shape[1 if trans else 0] // 4) * 4 > int8_conv.MAX_PRODUCTS:
+        return None
     n = w.shape[0 if trans else 1]
     if sw.size != 1 and (sw.size != n or int(dw.attr("axis", 1)) % 2 != (0 if trans else 1)):
         return None
