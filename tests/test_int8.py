@@ -234,9 +234,14 @@ def test_small_quantized_cnn_on_aarch64(tmp_path) -> None:
     _run(runner, tmp_path / "q_test")
 
 
-def test_small_quantized_cnn_sanitizers(tmp_path) -> None:
+@pytest.mark.parametrize("cpu,features", [("native", None), ("x86-64-v3", "+avxvnni"), ("x86-64-v3", None),
+                                          ("generic", None)])
+def test_small_quantized_cnn_sanitizers(cpu: str, features: str | None, tmp_path) -> None:
+    if cpu not in ("native", "generic") and not _runs(cpu, features):
+        pytest.skip(f"this CPU cannot run {cpu} {features or ''}")
+    kw = {"target": "generic"} if cpu == "generic" else {"target_cpu": cpu, "target_features": features}
     f = _small_cnn()
-    run_generated_test_under_sanitizers(quantized(f, _feeds(f), int8_activations=True), tmp_path)
+    run_generated_test_under_sanitizers(quantized(f, _feeds(f), int8_activations=True), tmp_path, **kw)
 
 
 @pytest.mark.slow
