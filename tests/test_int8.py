@@ -27,14 +27,16 @@ from aotc.target import host_cpu_features
 
 
 def _conv_model(c: int, m: int, hw: int | tuple[int, int], k: int, stride: int = 1, pad: int = 0,
-                group: int = 1, dilation: int = 1, relu: bool = True, seed: int = 0) -> onnx.ModelProto:
+                group: int = 1, dilation: int = 1, relu: bool = True, seed: int = 0, batch: int = 1,
+                auto_pad: str = "") -> onnx.ModelProto:
     rng = np.random.default_rng(seed)
     h, w = (hw, hw) if isinstance(hw, int) else hw
     wt = (rng.standard_normal((m, c // group, k, k)) / np.sqrt(c // group * k * k)).astype(np.float32)
+    geometry = {"auto_pad": auto_pad} if auto_pad else {"pads": [pad] * 4}
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], kernel_shape=[k, k], strides=[stride] * 2,
-                              pads=[pad] * 4, group=group, dilations=[dilation] * 2)]
+                              group=group, dilations=[dilation] * 2, **geometry)]
     nodes.append(helper.make_node("Relu", ["c"], ["y"]) if relu else helper.make_node("Identity", ["c"], ["y"]))
-    return make(nodes, [vi("x", [1, c, h, w])], [vi("y", None)],
+    return make(nodes, [vi("x", [batch, c, h, w])], [vi("y", None)],
                 [init("w", wt), init("b", (0.3 * rng.standard_normal(m)).astype(np.float32))])
 
 
@@ -81,6 +83,11 @@ def test_qdq_conv_per_channel_uint8(case: str, tmp_path) -> None:
     c, m, hw, k, s, p, g, d = CONVS[case]
     f = _conv_model(c, m, hw, k, s, p, g, d)
     _check(quantized(f, _feeds(f)), tmp_path, packed=g == 1)
+
+
+def test_qdq_conv_batch_and_auto_pad(tmp_path) -> None:
+    f = _conv_model(8, 24, (9, 7), 3, 2, batch=3, auto_pad="SAME_UPPER")
+    _check(quantized(f, _feeds(f)), tmp_path)
 
 
 @pytest.mark.parametrize("int8_activations", [False, True])
