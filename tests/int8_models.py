@@ -4,7 +4,9 @@
 small random calibration set (fixed seed): QDQ format (QuantizeLinear/DequantizeLinear around float
 Conv/Gemm, as onnxruntime writes it by default) or QOperator (QLinearConv, QLinearMatMul, ...),
 per-channel or per-tensor weights, uint8 or int8 activations. ``resnet18_int8`` is timm's ResNet-18
-(random weights, batch 1) quantized so, cached next to the real-model exports (tests/real_models.py).
+(random weights, batch 1) quantized so (QDQ; its QOperator form needs onnxruntime's contrib ops
+QLinearAdd, QLinearGlobalAveragePool and QGemm), cached next to the real-model exports
+(tests/real_models.py).
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ def _resnet18_random_bn(image: int):
     return built
 
 
-def resnet18_int8(image: int = 224, qdq: bool = True) -> tuple[Path, Path, dict[str, np.ndarray]]:
+def resnet18_int8(image: int = 224) -> tuple[Path, Path, dict[str, np.ndarray]]:
     """(quantized model, float model, inputs): timm's ResNet-18 at ``image`` x ``image``, batch 1,
     quantized per channel with uint8 activations; exported and quantized on first use, then cached."""
     import real_models as rm
@@ -76,10 +78,10 @@ def resnet18_int8(image: int = 224, qdq: bool = True) -> tuple[Path, Path, dict[
     fpath, feeds = rm.exported(name, 17, False)
     import onnxruntime
 
-    key = hashlib.sha1(f"{fpath.name}|{onnxruntime.__version__}|{qdq}|v1".encode()).hexdigest()[:10]
-    qpath = fpath.with_name(f"{name}_{'qdq' if qdq else 'qop'}_{key}.onnx")
+    key = hashlib.sha1(f"{fpath.name}|{onnxruntime.__version__}|True|v1".encode()).hexdigest()[:10]
+    qpath = fpath.with_name(f"{name}_qdq_{key}.onnx")
     if not qpath.exists():
-        q = quantized(onnx.load(str(fpath)), feeds, qdq=qdq)
+        q = quantized(onnx.load(str(fpath)), feeds)
         tmp = qpath.with_suffix(".tmp")
         onnx.save(q, str(tmp))
         tmp.rename(qpath)
