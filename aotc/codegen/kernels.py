@@ -106,6 +106,8 @@ def _external(k: Kernel) -> tuple[list[tuple[Value, str]], list[str], dict[int, 
 def emit_kernel(k: Kernel, fn: str, target: Target) -> KernelSource:
     """Kernel ``k`` as the C function ``fn``, written as its plan (``k.plan``, from the schedule step) says."""
     assert k.plan is not None, "the schedule step plans every kernel before codegen"
+    if all(v.size == 0 for v in k.outputs) and not k.inplace:  # nothing to write (e.g. a Conv of 0 channels)
+        return _function(fn, k, [], [], "/* every output is empty */")
     if k.kind == "loop":
         args, names, ptrs = _external(k)
         body, finish = emit_loop_kernel(k, ptrs)
