@@ -124,6 +124,15 @@ def _unary(op: str):
     return wrap
 
 
+def _times(derivative: str):
+    """The rule of an op whose derivative is the op ``derivative`` of the same input."""
+    return lambda b, node, x, y, g: b.mul(g, b.op(derivative, x))
+
+
+for _op, _derivative in {"Abs": "Sign", "Softplus": "Sigmoid", "Sin": "Cos", "Sinh": "Cosh", "Cosh": "Sinh"}.items():
+    _unary(_op)(_times(_derivative))
+
+
 @_unary("Neg")
 def _neg(b, node, x, y, g):
     return b.neg(g)
@@ -172,16 +181,6 @@ def _sqrt(b, node, x, y, g):
 @_unary("Reciprocal")
 def _reciprocal(b, node, x, y, g):
     return b.neg(b.mul(g, b.mul(y, y)))
-
-
-@_unary("Abs")
-def _abs(b, node, x, y, g):
-    return b.mul(g, b.op("Sign", x))
-
-
-@_unary("Softplus")
-def _softplus(b, node, x, y, g):
-    return b.mul(g, b.op("Sigmoid", x))
 
 
 @_unary("Erf")
@@ -270,11 +269,6 @@ def _softsign(b, node, x, y, g):
     return b.div(g, b.mul(d, d))
 
 
-@_unary("Sin")
-def _sin(b, node, x, y, g):
-    return b.mul(g, b.op("Cos", x))
-
-
 @_unary("Cos")
 def _cos(b, node, x, y, g):
     return b.neg(b.mul(g, b.op("Sin", x)))
@@ -321,16 +315,6 @@ def _acos(b, node, x, y, g):
 @_unary("Atan")
 def _atan(b, node, x, y, g):
     return b.div(g, b.add(b.scalar(1, x), b.mul(x, x)))
-
-
-@_unary("Sinh")
-def _sinh(b, node, x, y, g):
-    return b.mul(g, b.op("Cosh", x))
-
-
-@_unary("Cosh")
-def _cosh(b, node, x, y, g):
-    return b.mul(g, b.op("Sinh", x))
 
 
 @_unary("Asinh")
