@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from aotc.errors import AotcError
@@ -273,39 +275,69 @@ def _loss_infer(node: Node):
     return res
 
 
-def _loss_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
-    x = node.inputs[0]
+class LossParams(NamedTuple):
+    """What the loss kernels (and their gradients') read from the node: scores (n, c, d...) as rows of c
+    classes strided by d, the class weights' input position (None: unweighted), ignore_index, the
+    reduction, and whether the scores are logits (SoftmaxCrossEntropyLoss) or log-probabilities."""
+
+    n: int
+    c: int
+    d: int
+    weights: int | None
+    ignore: int | None
+    reduction: str
+    softmax: bool
+
+
+def loss_params(node: Node, scores: int) -> LossParams:
+    """``node``'s loss parameters, its scores at input ``scores`` and the weights two after them."""
+    x = node.inputs[scores]
     assert x is not None
-    n, c = x.shape[0], x.shape[1]
-    d = int(np.prod(x.shape[2:]))
-    has_w = len(node.inputs) > 2 and node.inputs[2] is not None
-    ign = node.attr("ignore_index")
-    red = node.attr("reduction", "mean")
-    sce = node.op == "SoftmaxCrossEntropyLoss"
+    w = scores + 2
+    return LossParams(x.shape[0], x.shape[1], int(np.prod(x.shape[2:])),
+                      w if len(node.inputs) > w and node.inputs[w] is not None else None,
+                      node.attr("ignore_index"), node.attr("reduction", "mean"),
+                      node.op.removeprefix("aotc.").startswith("SoftmaxCrossEntropyLoss"))
+
+
+def loss_target(p: LossParams, var: str, targets: str, weights: str | None) -> list[str]:
+    """C lines reading the target ``var`` from ``targets`` (an index expression), clamped into the classes,
+    with ``var``_ignored (it is ignore_index) and its weight ``var``_w (0 when ignored)."""
+    ign = f"{var} == INT64_C({int(p.ignore)})" if p.ignore is not None else "0"
+    return [f"  int64_t {var} = (int64_t){targets};",
+            f"  const int {var}_ignored = {ign};",
+            f"  {var} = {var} < 0 ? 0 : ({var} >= {p.c} ? {p.c - 1} : {var});",
+            f"  const double {var}_w = {var}_ignored ? 0 : {f'(double){weights}[{var}]' if weights else '1'};"]
+
+
+def max_shifted_exp_sum(p: LossParams) -> list[str]:
+    """C lines giving m, the largest of the row xr's scores, and s, the sum of their exp(x - m)."""
+    return ["  double m = -INFINITY, s = 0;",
+            f"  for (size_t j = 0; j < {p.c}; j++) m = xr[j * {p.d}] > m ? xr[j * {p.d}] : m;",
+            f"  for (size_t j = 0; j < {p.c}; j++) s += exp((double)xr[j * {p.d}] - m);"]
+
+
+def _loss_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
+    p = loss_params(node, 0)
+    n, c, d = p.n, p.c, p.d
     lp = outs[1] if len(outs) > 1 else None
     lines = ["if (task != 0) return;", "double sl = 0, sw = 0;",
              f"for (size_t i = 0; i < {n}; i++) {for_each('k', 0, d)}",
              f"  const {ctype} *xr = {ins[0]} + i * {c * d} + k;",
              "  double lse = 0;"]
-    if sce:  # log-softmax over the class axis, max-shifted
-        lines += ["  double m = -INFINITY, s = 0;",
-                  f"  for (size_t j = 0; j < {c}; j++) m = xr[j * {d}] > m ? xr[j * {d}] : m;",
-                  f"  for (size_t j = 0; j < {c}; j++) s += exp((double)xr[j * {d}] - m);",
-                  "  lse = m + log(s);"]
+    if p.softmax:  # log-softmax over the class axis, max-shifted
+        lines += [*max_shifted_exp_sum(p), "  lse = m + log(s);"]
         if lp:
             lines.append(f"  for (size_t j = 0; j < {c}; j++) {lp}[i * {c * d} + j * {d} + k] = "
                          f"({ctype})(xr[j * {d}] - lse);")
-    lines += [f"  int64_t t = (int64_t){ins[1]}[i * {d} + k];",
-              f"  const int ignored = {f't == INT64_C({int(ign)})' if ign is not None else '0'};",
-              f"  t = t < 0 ? 0 : (t >= {c} ? {c - 1} : t);",
-              f"  const double w = ignored ? 0 : {f'(double){ins[2]}[t]' if has_w else '1'};",
-              f"  const double l = ignored ? 0 : -((double)xr[t * {d}] - lse) * w;"]
-    if red == "none":
+    lines += [*loss_target(p, "t", f"{ins[1]}[i * {d} + k]", ins[p.weights] if p.weights else None),
+              f"  const double l = t_ignored ? 0 : -((double)xr[t * {d}] - lse) * t_w;"]
+    if p.reduction == "none":
         lines.append(f"  {outs[0]}[i * {d} + k] = ({ctype})l;")
-    lines += ["  sl += l; sw += w;", "}"]
-    if red == "mean":
+    lines += ["  sl += l; sw += t_w;", "}"]
+    if p.reduction == "mean":
         lines.append(f"{outs[0]}[0] = ({ctype})(sl / sw);")
-    elif red == "sum":
+    elif p.reduction == "sum":
         lines.append(f"{outs[0]}[0] = ({ctype})sl; (void)sw;")
     else:
         lines.append("(void)sl; (void)sw;")

@@ -5,11 +5,10 @@ conventions (ignore_index, class weights, and the mean dividing by the summed we
 
 from __future__ import annotations
 
-import numpy as np
-
 from aotc.ir.graph import Node
 from aotc.ops.grads.builder import GradBuilder, Grads, rule
 from aotc.ops.grads.nn import log_softmax_grad
+from aotc.ops.nn import loss_params, loss_target, max_shifted_exp_sum
 from aotc.ops.registry import OpDef, register
 
 
@@ -22,37 +21,24 @@ def _grad_infer(node: Node):
 def _grad_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
     """Inputs: the loss's cotangent, scores x (N, C, d...), targets (N, d...), optional weights (C).
     Rows (i, k) are split between the tasks; each task sums the weights itself for the mean."""
-    x = node.inputs[1]
-    assert x is not None
-    n, c = x.shape[0], x.shape[1]
-    d = int(np.prod(x.shape[2:]))
-    has_w = len(node.inputs) > 3 and node.inputs[3] is not None
-    ign = node.attr("ignore_index")
-    red = node.attr("reduction", "mean")
-    sce = node.op == "aotc.SoftmaxCrossEntropyLossGrad"
+    p = loss_params(node, 1)
+    n, c, d = p.n, p.c, p.d
     g, xs, ts = ins[0], ins[1], ins[2]
-
-    def target(var: str, at: str) -> list[str]:
-        return [f"  int64_t {var} = (int64_t){ts}[{at}];",
-                f"  const int {var}_ignored = {f'{var} == INT64_C({int(ign)})' if ign is not None else '0'};",
-                f"  {var} = {var} < 0 ? 0 : ({var} >= {c} ? {c - 1} : {var});",
-                f"  const double {var}_w = {var}_ignored ? 0 : {f'(double){ins[3]}[{var}]' if has_w else '1'};"]
-
+    weights = ins[p.weights] if p.weights else None
     lines = []
-    if red == "mean":
-        lines += ["double sw = 0;", f"for (size_t r = 0; r < {n * d}; r++) {{", *target("u", "r"),
-                  "  sw += u_w;", "}"]
+    if p.reduction == "mean":
+        lines += ["double sw = 0;", f"for (size_t r = 0; r < {n * d}; r++) {{",
+                  *loss_target(p, "u", f"{ts}[r]", weights), "  sw += u_w;", "}"]
     lines += [f"for (size_t r = task; r < {n * d}; r += ntasks) {{",
               f"  const size_t i = r / {d}, k = r % {d};",
-              *([f"  const {ctype} *xr = {xs} + i * {c * d} + k;"] if sce else []),
+              *([f"  const {ctype} *xr = {xs} + i * {c * d} + k;"] if p.softmax else []),
               f"  {ctype} *dr = {outs[0]} + i * {c * d} + k;",
-              *target("t", "r")]
-    coef = {"mean": f"(double){g}[0] * t_w / sw", "sum": f"(double){g}[0] * t_w"}.get(red, f"(double){g}[r] * t_w")
+              *loss_target(p, "t", f"{ts}[r]", weights)]
+    coef = {"mean": f"(double){g}[0] * t_w / sw",
+            "sum": f"(double){g}[0] * t_w"}.get(p.reduction, f"(double){g}[r] * t_w")
     lines.append(f"  const double coef = {coef};")
-    if sce:
-        lines += ["  double m = -INFINITY, s = 0;",
-                  f"  for (size_t j = 0; j < {c}; j++) m = xr[j * {d}] > m ? xr[j * {d}] : m;",
-                  f"  for (size_t j = 0; j < {c}; j++) s += exp((double)xr[j * {d}] - m);",
+    if p.softmax:
+        lines += [*max_shifted_exp_sum(p),
                   f"  for (size_t j = 0; j < {c}; j++) dr[j * {d}] = ({ctype})(coef * (exp((double)xr[j * {d}] - m) / s"
                   " - (j == (size_t)t)));"]
     else:
