@@ -21,6 +21,7 @@ import math
 import numpy as np
 
 from aotc.ir.graph import Graph, Node, Value
+from aotc.passes.prune import without_dead
 from aotc.passes.quantized import lower_qlinear
 
 
@@ -225,15 +226,5 @@ def rewrite_patterns(graph: Graph) -> bool:
     for n in nodes:
         for v in n.outputs:
             v.producer = n
-    graph.nodes = _without_dead(nodes, graph.outputs)
+    graph.nodes = without_dead(nodes, graph.outputs)
     return True
-
-
-def _without_dead(nodes: list[Node], outputs: list[Value]) -> list[Node]:
-    live = {id(v) for v in outputs}
-    keep = []
-    for n in reversed(nodes):
-        if any(id(v) in live for v in n.outputs):
-            keep.append(n)
-            live.update(id(v) for v in n.inputs if v is not None)
-    return keep[::-1]

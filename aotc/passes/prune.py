@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aotc.config import Config, TensorId
 from aotc.errors import AotcError
-from aotc.ir.graph import Graph, Value
+from aotc.ir.graph import Graph, Node, Value
 
 
 def _lookup(graph: Graph, tid: TensorId, what: str) -> Value:
@@ -77,16 +77,22 @@ def apply_config(graph: Graph, config: Config) -> None:
         graph.inputs = [v for v in graph.inputs if id(v) in used]
 
 
+def without_dead(nodes: list[Node], outputs: list[Value]) -> list[Node]:
+    """``nodes`` (in order) less those that no value of ``outputs`` needs."""
+    live = {id(v) for v in outputs}
+    keep = []
+    for n in reversed(nodes):
+        if any(id(v) in live for v in n.outputs):
+            keep.append(n)
+            live.update(id(v) for v in n.inputs if v is not None)
+    return keep[::-1]
+
+
 def prune(graph: Graph) -> bool:
     """Remove nodes whose outputs no fetch needs (the graph inputs stay: they are the API)."""
-    needed = {id(v) for v in graph.outputs}
-    keep = []
-    for n in reversed(graph.nodes):
-        if any(id(v) in needed for v in n.outputs):
-            keep.append(n)
-            needed.update(id(v) for v in n.inputs if v is not None)
+    keep = without_dead(graph.nodes, graph.outputs)
     changed = len(keep) != len(graph.nodes)
-    graph.nodes = keep[::-1]
+    graph.nodes = keep
     input_ids = {id(v) for v in graph.inputs}
     for n in graph.nodes:
         for v in n.inputs:

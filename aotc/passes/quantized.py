@@ -25,6 +25,7 @@ from aotc.ir import dtypes
 from aotc.ir.graph import Graph, Node, Value
 from aotc.ops import int8_conv
 from aotc.ops.integer import qconv_geometry
+from aotc.passes.prune import without_dead
 
 _QTYPES = (np.dtype(np.uint8), np.dtype(np.int8))
 
@@ -182,7 +183,7 @@ def fuse_qdq(graph: Graph) -> bool:
     for n in nodes:
         for v in n.outputs:
             v.producer = n
-    graph.nodes = _without_dead(nodes, graph.outputs)
+    graph.nodes = without_dead(nodes, graph.outputs)
     return True
 
 
@@ -303,13 +304,3 @@ def lower_qlinear(graph: Graph) -> bool:
         changed = True
     graph.nodes = nodes
     return changed
-
-
-def _without_dead(nodes: list[Node], outputs: list[Value]) -> list[Node]:
-    live = {id(v) for v in outputs}
-    keep = []
-    for n in reversed(nodes):
-        if any(id(v) in live for v in n.outputs):
-            keep.append(n)
-            live.update(id(v) for v in n.inputs if v is not None)
-    return keep[::-1]
