@@ -113,6 +113,25 @@ def identity_map(rank: int) -> IndexMap:
     return tuple((d, 1, 0) for d in range(rank))
 
 
+def loop_space(k: Kernel) -> tuple[list[int], int, IndexMap, IndexMap]:
+    """The loops of a loop kernel: their extents (a reduction's kept axes, then its reduced ones), how
+    many of them are kept, the output's index map and the reduced input's (identity without reduction)."""
+    red = k.reduce
+    if red is None:
+        rank = len(k.outputs[0].shape)
+        return list(k.outputs[0].shape), rank, identity_map(rank), identity_map(rank)
+    x = red.inputs[0]
+    axes = reduce_axes(red)
+    kept = [d for d in range(len(x.shape)) if d not in axes]
+    order = kept + axes
+    body_map = tuple((order.index(d), 1, 0) for d in range(len(x.shape)))
+    if red.attr("keepdims", 1):
+        out_map = tuple((-1, 0, 0) if d in axes else (order.index(d), 1, 0) for d in range(len(x.shape)))
+    else:
+        out_map = tuple((j, 1, 0) for j in range(len(kept)))
+    return [x.shape[d] for d in order], len(kept), out_map, body_map
+
+
 def emit_loop_kernel(k: Kernel, ptrs: dict[int, str]) -> tuple[str, str | None]:
     """C statements for the kernel body (``ptrs`` names the pointer of every value in memory) and,
     for a reduction split into chunks, those of the second phase that combines the chunks."""
@@ -120,23 +139,7 @@ def emit_loop_kernel(k: Kernel, ptrs: dict[int, str]) -> tuple[str, str | None]:
     if out.size == 0:  # loops of no trips would only draw compiler warnings
         return "/* no elements: nothing to read or write */", None
     red = k.reduce
-    if red is not None:
-        x = red.inputs[0]
-        axes = reduce_axes(red)
-        kept = [d for d in range(len(x.shape)) if d not in axes]
-        order = kept + axes
-        extents = [x.shape[d] for d in order]
-        body_map = tuple((order.index(d), 1, 0) for d in range(len(x.shape)))
-        if red.attr("keepdims", 1):
-            out_map = tuple((-1, 0, 0) if d in axes else (order.index(d), 1, 0) for d in range(len(x.shape)))
-        else:
-            out_map = tuple((j, 1, 0) for j in range(len(kept)))
-        n_kept = len(kept)
-    else:
-        extents = list(out.shape)
-        out_map = identity_map(len(out.shape))
-        n_kept = len(extents)
-
+    extents, n_kept, out_map, body_map = loop_space(k)
     em = Emitter(k, ptrs, len(extents))
     rule = red and OPS[red.op].reduction
     if red is not None:
@@ -148,7 +151,7 @@ def emit_loop_kernel(k: Kernel, ptrs: dict[int, str]) -> tuple[str, str | None]:
     store = em.access(out, ptrs[id(out)], out_map)
 
     # Merge loops that every access walks contiguously; drop loops of extent 1.
-    groups = _collapse(extents, n_kept, em.accesses)
+    groups = collapse(extents, n_kept, em.accesses)
     kept_groups = [g for g in groups if g[0] < n_kept]
     red_groups = [g for g in groups if g[0] >= n_kept]
     var: dict[int, str] = {}
@@ -314,15 +317,14 @@ def emit_loop_kernel(k: Kernel, ptrs: dict[int, str]) -> tuple[str, str | None]:
     return partials, "\n".join(code)
 
 
-def _collapse(extents: list[int], n_kept: int, accesses: list[Access]) -> list[list[int]]:
-    """Group loop indices into runs that can be one loop (kept and reduced loops never mix)."""
-    live = [d for d, e in enumerate(extents) if e != 1]
+def collapse(extents: list[int], n_kept: int, accesses: list[Access]) -> list[list[int]]:
+    """Runs of adjacent loops (kept and reduced never mixed) that every access walks as one loop; loops of
+    extent 1 are left out. The run's last loop carries the index (its coefficient is the run's stride)."""
     groups: list[list[int]] = []
-    for d in live:
+    for d in (d for d, e in enumerate(extents) if e != 1):
         if groups:
             prev = groups[-1][-1]
-            same_class = (prev < n_kept) == (d < n_kept)
-            if same_class and all(a.coeffs[prev] == a.coeffs[d] * extents[d] for a in accesses):
+            if (prev < n_kept) == (d < n_kept) and all(a.coeffs[prev] == a.coeffs[d] * extents[d] for a in accesses):
                 groups[-1].append(d)
                 continue
         groups.append([d])

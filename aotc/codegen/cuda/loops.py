@@ -31,13 +31,12 @@ from aotc.codegen.cuda.common import (
     index_type,
     params,
 )
-from aotc.codegen.loops import Access, Emitter, identity_map
+from aotc.codegen.loops import Emitter, collapse, loop_space
 from aotc.ir import dtypes
 from aotc.ir.kernel import Kernel
 from aotc.ops import OPS
 from aotc.ops.common import c_literal, highest, lowest
 from aotc.ops.elementwise import math_fn
-from aotc.ops.reduce import reduce_axes
 
 # A reduction row longer than this gets a whole block per output (else a warp); outputs fewer than
 # FEW_OUTPUTS are split into chunks of at least CHUNK elements, at most MAX_CHUNKS chunks in all.
@@ -47,20 +46,6 @@ CHUNK = 8192
 MAX_CHUNKS = 2048
 # A reduction over a non-contiguous axis with at least this many outputs is one thread per output.
 COLUMN_OUTPUTS = 4096
-
-
-def collapse(extents: list[int], n_kept: int, accesses: list[Access]) -> list[list[int]]:
-    """Runs of adjacent loops (kept and reduced never mixed) that every access walks as one loop; loops of
-    extent 1 are left out. The run's last loop carries the index (its coefficient is the run's stride)."""
-    groups: list[list[int]] = []
-    for d in (d for d, e in enumerate(extents) if e != 1):
-        if groups:
-            prev = groups[-1][-1]
-            if (prev < n_kept) == (d < n_kept) and all(a.coeffs[prev] == a.coeffs[d] * extents[d] for a in accesses):
-                groups[-1].append(d)
-                continue
-        groups.append([d])
-    return groups
 
 
 def reduction_plan(n_out: int, n_red: int, column: bool = False) -> tuple[int, int, int]:
@@ -82,22 +67,7 @@ def emit_loop(k: Kernel, fn: str) -> CudaKernel:
     args, names, ptrs = external(k)
     out = k.outputs[0]
     red = k.reduce
-    if red is None:
-        extents = list(out.shape)
-        out_map = identity_map(len(extents))
-        n_kept = len(extents)
-    else:
-        x = red.inputs[0]
-        axes = reduce_axes(red)
-        kept = [d for d in range(len(x.shape)) if d not in axes]
-        order = kept + axes
-        extents = [x.shape[d] for d in order]
-        body_map = tuple((order.index(d), 1, 0) for d in range(len(x.shape)))
-        if red.attr("keepdims", 1):
-            out_map = tuple((-1, 0, 0) if d in axes else (order.index(d), 1, 0) for d in range(len(x.shape)))
-        else:
-            out_map = tuple((j, 1, 0) for j in range(len(kept)))
-        n_kept = len(kept)
+    extents, n_kept, out_map, body_map = loop_space(k)
     em = Emitter(k, ptrs, len(extents))
     xv = None
     if red is not None:
