@@ -97,11 +97,7 @@ class CompiledModel:
 
     def __init__(self, prefix: str | Path, threads: int | ThreadPool = 1) -> None:
         prefix = Path(prefix)
-        meta_path = prefix.parent / f"{prefix.name}.json"
-        try:
-            self.metadata = json.loads(meta_path.read_text())
-        except (OSError, ValueError) as e:
-            raise AotcError(f"no compiled model at {prefix} ({e})") from None
+        self.metadata = read_metadata(prefix)
         self.name: str = self.metadata["name"]
         self.inputs = [TensorSpec(t["name"], dtypes.from_name(t["dtype"]), tuple(t["shape"]),
                                   updated=bool(t.get("updated")))
@@ -413,6 +409,14 @@ def _string_pointers(model: str, t: TensorSpec, x: object) -> np.ndarray:
 # the library already loaded from a path even after it was rebuilt, so a rebuilt library is loaded
 # from a private copy instead.
 _LOADED: dict[str, str] = {}
+
+
+def read_metadata(prefix: Path) -> dict:
+    """PREFIX.json, the description of the library compiled at ``prefix`` (C or CUDA)."""
+    try:
+        return json.loads((prefix.parent / f"{prefix.name}.json").read_text())
+    except (OSError, ValueError) as e:
+        raise AotcError(f"no compiled model at {prefix} ({e})") from None
 
 
 def _open_library(ffi: cffi.FFI, prefix: Path, meta: dict):  # noqa: ANN202 - cffi's library object

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import cffi
 import numpy as np
 
-from aotc.bindings import TensorSpec, _open_library
+from aotc.bindings import TensorSpec, _open_library, read_metadata
 from aotc.errors import AotcError, run_error
 from aotc.ir import dtypes
 
@@ -165,11 +165,7 @@ class CudaModel:
 
     def __init__(self, prefix: str | Path) -> None:
         prefix = Path(prefix)
-        meta_path = prefix.parent / f"{prefix.name}.json"
-        try:
-            self.metadata = json.loads(meta_path.read_text())
-        except (OSError, ValueError) as e:
-            raise AotcError(f"no compiled model at {prefix} ({e})") from None
+        self.metadata = read_metadata(prefix)
         self.name: str = self.metadata["name"]
         self.inputs = [TensorSpec(t["name"], dtypes.from_name(t["dtype"]), tuple(t["shape"]))
                        for t in self.metadata["inputs"]]
