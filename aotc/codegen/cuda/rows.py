@@ -23,6 +23,7 @@ from aotc.codegen.cuda.common import (
 )
 from aotc.codegen.loops import Emitter, identity_map
 from aotc.ir import dtypes
+from aotc.ir.graph import Value
 from aotc.ir.kernel import Kernel
 from aotc.ops import norm as norm_ops
 from aotc.ops.common import axis_layout, c_literal, norm_axis
@@ -39,6 +40,14 @@ def _warp_sum(v: str) -> str:
 def _nan_max(v: str, m: str) -> str:
     """max(v, m) that keeps a NaN (an associative combine: warp shuffles may apply it in any grouping)."""
     return f"({v} > {m} || {v} != {v}) ? {v} : {m}"
+
+
+def _float_input(k: Kernel) -> Value:
+    """The root's first input, which these kernels take in float32 only."""
+    x = k.root.inputs[0]
+    if x.dtype != np.float32:
+        raise Unsupported(f"{k.root.op} on {x.dtype}")
+    return x
 
 
 def _head(fn: str, args, names) -> str:
@@ -120,10 +129,7 @@ def emit_channel_norm(k: Kernel, fn: str) -> CudaKernel:
 def emit_layernorm(k: Kernel, fn: str) -> CudaKernel:
     """Mean, then the variance as the mean of squared deviations (two passes, as the CPU kernel), then the
     normalized row times scale plus bias; Mean and InvStdDev outputs when the node has them."""
-    node = k.root
-    x = node.inputs[0]
-    if x.dtype != np.float32:
-        raise Unsupported(f"LayerNormalization on {x.dtype}")
+    node, x = k.root, _float_input(k)
     args, names, ptrs = external(k)
     idx = index_type(k)
     rank, axis = len(x.shape), norm_ops.ln_axis(node)
@@ -163,11 +169,9 @@ def emit_layernorm(k: Kernel, fn: str) -> CudaKernel:
 def emit_pool(k: Kernel, fn: str) -> CudaKernel:
     """MaxPool (one output, no indices) and AveragePool: one thread per output over its window."""
     node = k.root
-    x = node.inputs[0]
     if len(node.outputs) > 1 and node.outputs[1].name:
         raise Unsupported(f"{node.op} with an Indices output")
-    if x.dtype != np.float32:
-        raise Unsupported(f"{node.op} on {x.dtype}")
+    _float_input(k)
     if node.attr("ceil_mode", 0) and node.op == "AveragePool":
         raise Unsupported("AveragePool with ceil_mode")
     g = geometry(node)
@@ -198,10 +202,7 @@ def emit_pool(k: Kernel, fn: str) -> CudaKernel:
 
 def emit_global_pool(k: Kernel, fn: str) -> CudaKernel:
     """GlobalAveragePool and GlobalMaxPool: one warp per (n, c) plane."""
-    node = k.root
-    x = node.inputs[0]
-    if x.dtype != np.float32:
-        raise Unsupported(f"{node.op} on {x.dtype}")
+    node, x = k.root, _float_input(k)
     args, names, _ = external(k)
     idx = index_type(k)
     plane = int(np.prod(x.shape[2:]))
