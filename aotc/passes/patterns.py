@@ -21,7 +21,7 @@ import math
 import numpy as np
 
 from aotc.ir.graph import Graph, Node, Value
-from aotc.passes.prune import without_dead
+from aotc.passes.prune import replace_nodes
 from aotc.passes.quantized import lower_qlinear
 
 
@@ -222,9 +222,5 @@ def rewrite_patterns(graph: Graph) -> bool:
             replaced[id(hit[0])] = hit[1]
     if not replaced:
         return packed
-    nodes = [replaced.get(id(n), n) for n in graph.nodes]
-    for n in nodes:
-        for v in n.outputs:
-            v.producer = n
-    graph.nodes = without_dead(nodes, graph.outputs)
+    replace_nodes(graph, replaced)
     return True

@@ -88,6 +88,16 @@ def without_dead(nodes: list[Node], outputs: list[Value]) -> list[Node]:
     return keep[::-1]
 
 
+def replace_nodes(graph: Graph, replaced: dict[int, Node]) -> None:
+    """Put ``replaced[id(n)]`` in place of each node ``n`` it names, then drop the nodes no output needs
+    any more (those the replacements made dead)."""
+    nodes = [replaced.get(id(n), n) for n in graph.nodes]
+    for n in nodes:
+        for v in n.outputs:
+            v.producer = n
+    graph.nodes = without_dead(nodes, graph.outputs)
+
+
 def prune(graph: Graph) -> bool:
     """Remove nodes whose outputs no fetch needs (the graph inputs stay: they are the API)."""
     keep = without_dead(graph.nodes, graph.outputs)

@@ -25,7 +25,7 @@ from aotc.ir import dtypes
 from aotc.ir.graph import Graph, Node, Value
 from aotc.ops import int8_conv
 from aotc.ops.integer import qconv_geometry
-from aotc.passes.prune import without_dead
+from aotc.passes.prune import replace_nodes
 
 _QTYPES = (np.dtype(np.uint8), np.dtype(np.int8))
 
@@ -179,11 +179,7 @@ def fuse_qdq(graph: Graph) -> bool:
                 replaced[id(hit[0])] = hit[1]
     if not replaced:
         return False
-    nodes = [replaced.get(id(n), n) for n in graph.nodes]
-    for n in nodes:
-        for v in n.outputs:
-            v.producer = n
-    graph.nodes = without_dead(nodes, graph.outputs)
+    replace_nodes(graph, replaced)
     return True
 
 
