@@ -262,12 +262,13 @@ def test_mangler_avoids_every_macro_the_headers_define() -> None:
     mangle = Mangler("m")
     missed = sorted(n for n in _system_macros() if mangle(n) == n)
     assert not missed, f"not reserved: {missed}"
-    for path in [*runtime_dir().glob("*.h"), *templates_dir().glob("*.j2")]:
+    for path in [*runtime_dir().glob("*.h"), *runtime_dir().glob("*.cuh"), *templates_dir().rglob("*.j2")]:
         if path.name == "gemm.c.j2":
             continue
         for name in re.findall(r"#\s*define\s+([A-Za-z]\w*)(?![\w{])", path.read_text()):
             assert reserved(name), f"{path.name}: {name}"
-    assert all(reserved(n, "m") for n in ("M_OK", "M_ERR_WORKSPACE", "M_INPUT12_SIZE", "m_run_v", "AOTC_M_H"))
+    assert all(reserved(n, "m") for n in ("M_OK", "M_ERR_WORKSPACE", "M_INPUT12_SIZE", "m_run_v", "AOTC_M_H",
+                                          "M_ERR_CUDA", "m_load_constants"))  # the CUDA library's too
     assert not any(reserved(n, "m") for n in ("x", "X", "Y", "m_x", "input", "Embedding", "logits",
                                               "arg_m_x_data", "m_a_b"))  # holding the name is not enough
 

@@ -64,8 +64,8 @@ _STD_PATTERN = re.compile(
 def _template_sources() -> tuple[str, ...]:
     """The runtime headers and every template rendered with the model's ``name`` (gemm.c.j2's ``name``
     is another variable)."""
-    files = sorted(runtime_dir().glob("*.h")) + sorted(p for p in templates_dir().glob("*.j2")
-                                                        if p.name != "gemm.c.j2")
+    files = sorted(runtime_dir().glob("*.h")) + sorted(runtime_dir().glob("*.cuh")) + sorted(
+        p for p in templates_dir().rglob("*.j2") if p.name != "gemm.c.j2")  # the CUDA templates too
     return tuple(p.read_text() for p in files)
 
 
