@@ -100,6 +100,7 @@ class WinogradPlan:
     nv: int      # vectors of tiles per register tile
     lanes: int
     nb: int      # blocks of mb output channels
+    whole_m: bool  # M of every channel held (GEMMs point by point), else one block's at a time
 
     @property
     def points(self) -> int:
@@ -153,7 +154,12 @@ def winograd_plan(g: Geometry, target: Target) -> WinogradPlan | None:
     # Channels per register tile: the fewest padded channels per unit of FMA throughput.
     mbs = range(max(1, budget // nv - 2), budget // nv + 1)
     mb = min(mbs, key=lambda mb: (-(-g.m // mb) * mb / min(1.0, mb * nv / budget), -mb))
-    return WinogradPlan(m, a, th, tw, rt, tp, mb, nv, lanes, -(-g.m // mb))
+    nb = -(-g.m // mb)
+    # Where the GEMM results of every channel fit beside V, the GEMMs run point by point over all
+    # channel blocks (V[xi] stays in L1 while they pass); else block by block, holding one block's
+    # M (V reread from L2 per block): 64 -> 64 on 56x56 measured 6% slower that way.
+    whole_m = a * a * (g.c + nb * mb) * tp * 4 <= target.l2_bytes * 3 // 4
+    return WinogradPlan(m, a, th, tw, rt, tp, mb, nv, lanes, nb, whole_m)
 
 
 def pack_winograd_weights(w: np.ndarray, b: np.ndarray | None, g: Geometry, plan: WinogradPlan) -> np.ndarray:
@@ -188,8 +194,13 @@ def _scratch_parts(g: Geometry, plan: WinogradPlan) -> list[int]:
     """Floats per task: padded input row, phase-split rows, V [point][ic][slot], M [point][channel of
     a block][slot], output rows; each 64-byte aligned."""
     parts = [plan.m * plan.seg, plan.a * plan.m * _kw(plan), plan.points * g.c * plan.tp,
-             plan.points * plan.mb * plan.tp, plan.m * _out_row(plan)]
+             plan.points * _m_channels(plan) * plan.tp, plan.m * _out_row(plan)]
     return [(p + 15) // 16 * 16 for p in parts]
+
+
+def _m_channels(plan: WinogradPlan) -> int:
+    """Channels held in M: all of them, or one block."""
+    return plan.nb * plan.mb if plan.whole_m else plan.mb
 
 
 def winograd_scratch_floats(g: Geometry, plan: WinogradPlan) -> int:
@@ -250,7 +261,7 @@ def winograd_conv(g: Geometry, x: str, packed: str, y: str, target: Target, epi:
             tin.append(f"vr[{(r2 * a + c2) * C * tp} + j] = {_combo(bt[r2], [f't{r}_{c2}' for r in range(a)])};")
 
     # Output transform of one channel, every slot: o[r''][c''] = AT M A into m output rows.
-    mv = [[f"mr[{(r * a + c) * mb * tp} + j]" for c in range(a)] for r in range(a)]
+    mv = [[f"mr[{(r * a + c) * _m_channels(plan) * tp} + j]" for c in range(a)] for r in range(a)]
     tout = []
     for r in range(a):
         tout += [f"const float s{r}_{c2} = {_combo(at[c2], mv[r])};" for c2 in range(m)]
@@ -270,6 +281,53 @@ def winograd_conv(g: Geometry, x: str, packed: str, y: str, target: Target, epi:
     part, tr0, n = u["part"], u["tr"] * rt, u["n"]
     seg = plan.seg
     ti = Ix.of("ti") if rt > 1 else Ix()
+
+    def gemms(mo: str, ind: str) -> list[str]:
+        """The GEMMs of point xi, channel block blk, into ``mo``."""
+        return [f"{ind}const float *restrict u = {offset(packed, (Ix.of('xi') * nb + 'blk') * (C * mb))};",
+                f"{ind}float *restrict mo = {mo};",
+                *(f"{ind}{fn}_mk{k}({offset('vv', Ix.of('xi') * (C * tp) + p0)}, u, {fn}_zeros, "
+                  f"{offset('mo', p0)}, {C});" for p0, k in groups)]
+
+    def outputs(mr: str, ind: str) -> list[str]:
+        """Output transform of channel c (its M at ``mr``), bias, epilogue, store."""
+        return [ind + ln for ln in [
+            f"const float bc = {packed}[{uoff} + c];",
+            f"const float *restrict mr = {mr};",
+            "float *restrict orow = ob;",
+            *_vector_loop(tp, L, tout),
+            f"for (size_t r = 0; r < {rt * m} && tr0 * {m} + r < {OH}; r++) {{",
+            f"  const size_t s0 = (tr0 * {m} + r) * {OW};",
+            f"  const float *restrict orow = ob + r % {m} * {orw} + r / {m} * {seg * m};",
+            f"  float *restrict yr = {offset(y, (n * M + 'c') * OS + 's0')};",
+            f"  for (size_t q = 0; q < {OW}; q++) {{",
+            *(["    const size_t s = s0 + q; (void)s;"] if epi else []),
+            "    float v = orow[q] + bc;",
+            *epi_block(epi, g, "s", "    "),
+            "    yr[q] = v;",
+            "  }", "}"]]
+
+    if plan.whole_m:
+        gemms_and_outputs = [
+            f"for (size_t xi = 0; xi < {n_pts}; xi++)",
+            "  for (size_t blk = b0; blk < b1; blk++) {",
+            *gemms(f"mm + (xi * {nb * mb} + blk * {mb}) * {tp}", "    "),
+            "  }",
+            f"const size_t c1 = b1 * {mb} < {M} ? b1 * {mb} : {M};",
+            f"for (size_t c = b0 * {mb}; c < c1; c++) {{",
+            *outputs(f"mm + c * {tp}", "  "),
+            "}"]
+    else:  # per block of output channels: its GEMMs over every point, then their output transform
+        gemms_and_outputs = [
+            "for (size_t blk = b0; blk < b1; blk++) {",
+            f"  for (size_t xi = 0; xi < {n_pts}; xi++) {{",
+            *gemms(f"mm + xi * {mb * tp}", "    "),
+            "  }",
+            f"  const size_t c1 = (blk + 1) * {mb} < {M} ? (blk + 1) * {mb} : {M};",
+            f"  for (size_t c = blk * {mb}; c < c1; c++) {{",
+            *outputs(f"mm + (c - blk * {mb}) * {tp}", "    "),
+            "  }",
+            "}"]
     body = [*([decl] if decl else []),
             f"const size_t tr0 = {tr0};",
             f"const size_t b0 = {part * nb // parts}, b1 = {(part + 1) * nb // parts};",
@@ -300,30 +358,7 @@ def winograd_conv(g: Geometry, x: str, packed: str, y: str, target: Target, epi:
             f"  float *restrict vr = vv + ic * {tp};",
             *("  " + ln for ln in _vector_loop(tp, L, tin)),
             "}",
-            # Per block of output channels: its GEMMs over every point, then their output transform.
-            "for (size_t blk = b0; blk < b1; blk++) {",
-            f"  for (size_t xi = 0; xi < {n_pts}; xi++) {{",
-            f"    const float *restrict u = {offset(packed, (Ix.of('xi') * nb + 'blk') * (C * mb))};",
-            f"    float *restrict mo = mm + xi * {mb * tp};",
-            *(f"    {fn}_mk{k}({offset('vv', Ix.of('xi') * (C * tp) + p0)}, u, {fn}_zeros, {offset('mo', p0)}, {C});"
-              for p0, k in groups),
-            "  }",
-            f"  const size_t c1 = (blk + 1) * {mb} < {M} ? (blk + 1) * {mb} : {M};",
-            f"  for (size_t c = blk * {mb}; c < c1; c++) {{",
-            f"    const float bc = {packed}[{uoff} + c];",
-            f"    const float *restrict mr = mm + (c - blk * {mb}) * {tp};",
-            "    float *restrict orow = ob;",
-            *("    " + ln for ln in _vector_loop(tp, L, tout)),
-            f"    for (size_t r = 0; r < {rt * m} && tr0 * {m} + r < {OH}; r++) {{",
-            f"      const size_t s0 = (tr0 * {m} + r) * {OW};",
-            f"      const float *restrict orow = ob + r % {m} * {orw} + r / {m} * {seg * m};",
-            f"      float *restrict yr = {offset(y, (n * M + 'c') * OS + 's0')};",
-            f"      for (size_t q = 0; q < {OW}; q++) {{",
-            *(["        const size_t s = s0 + q; (void)s;"] if epi else []),
-            "        float v = orow[q] + bc;",
-            *epi_block(epi, g, "s", "        "),
-            "        yr[q] = v;",
-            "      }", "    }", "  }", "}"]
+            *gemms_and_outputs]
     sizes = _scratch_parts(g, plan)
     offs = [sum(sizes[:i]) for i in range(len(sizes))]
     head = (f"float *restrict prow = scratch + task * (size_t){sum(sizes)};\n"
