@@ -24,7 +24,8 @@ put two rows in 16 AVX-512 lanes, where a vector per row left 9 of 16 lanes idle
    (U broadcast) x NV vectors of slots (V loaded) summed over the input channels, into M[xi][MB]
    [slot], then the output transform of those channels, vectorized over the slots, into m rows;
    then bias and the fused epilogue on contiguous output positions. Only one block's M is held, so
-   more tile rows fit in L2.
+   more tile rows fit in L2; where all of M fits beside V, the GEMMs run point by point over every
+   block instead (V[xi] stays in L1 while they pass) and the output transforms follow.
 
 Accuracy: F(2x2) transforms hold only 0, +-1 and 1/2, so its result is as accurate as the direct sum.
 F(4x4)'s coefficients reach 8 and 1/24; its error is a few times float32 rounding (tests check it
