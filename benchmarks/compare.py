@@ -335,7 +335,17 @@ def machine() -> str:
                 break
     except OSError:
         pass
-    return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    return f"{cpu}, {os.cpu_count()} cores, {isa()} (aotc builds for this CPU), Python {platform.python_version()}"
+
+
+def isa() -> str:
+    """The widest x86 vector ISA the CPU has, which aotc's default ``--target-cpu native`` picks."""
+    try:
+        flags = next((ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")), "")
+    except OSError:
+        return "ISA unknown"
+    words = set(flags.split())
+    return "AVX-512" if "avx512f" in words else "AVX2" if "avx2" in words else platform.machine()
 
 
 def main() -> None:
