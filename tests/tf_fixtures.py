@@ -29,13 +29,17 @@ LARGE = ("mobilenet_v2", "resnet50", "efficientnet_b0")
 
 def fixtures_dir() -> Path:
     """The directory holding every fixture, generated (in a subprocess) on first use."""
-    key = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
+    return generated_dir(Path(__file__), hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16])
+
+
+def generated_dir(script: Path, key: str) -> Path:
+    """``CACHE/key``, written by running ``script DIR`` under TensorFlow the first time it is asked for."""
     out = CACHE / key
     if (out / "done").is_file():
         return out
     CACHE.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f"{key}.", dir=CACHE))  # written whole, then renamed into place
-    proc = subprocess.run([sys.executable, __file__, str(tmp)], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, str(script), str(tmp)], capture_output=True, text=True)
     if proc.returncode != 0:
         tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
         hint = ("TensorFlow generates these fixtures: pip install 'aotc[test]' (tensorflow-cpu)"

@@ -25,32 +25,16 @@ from __future__ import annotations
 
 import hashlib
 import os
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-CACHE = Path(os.environ.get("AOTC_TF_FIXTURES", Path(tempfile.gettempdir()) / "aotc-tf-fixtures"))
+from tf_fixtures import generated_dir
 
 
 def small_fixtures_dir() -> Path:
     """The directory holding the fixtures, generated (in a subprocess) on first use."""
     key = "small-" + hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
-    out = CACHE / key
-    if (out / "done").is_file():
-        return out
-    CACHE.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f"{key}.", dir=CACHE))
-    proc = subprocess.run([sys.executable, __file__, str(tmp)], capture_output=True, text=True)
-    if proc.returncode != 0:
-        tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
-        raise RuntimeError(f"the fixture script failed:\n{tail}")
-    (tmp / "done").write_text("ok\n")
-    try:
-        tmp.rename(out)
-    except OSError:  # another process got there first
-        pass
-    return out
+    return generated_dir(Path(__file__), key)
 
 
 def _graph(out: Path) -> None:

@@ -11,13 +11,11 @@ TensorFlow; ``train_fixture_dir`` caches the result under a directory keyed by t
 from __future__ import annotations
 
 import hashlib
-import os
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-CACHE = Path(os.environ.get("AOTC_TF_FIXTURES", Path(tempfile.gettempdir()) / "aotc-tf-fixtures"))
+from tf_fixtures import generated_dir
+
 STEPS, BATCH, LR = 100, 100, 0.5
 
 
@@ -25,21 +23,7 @@ def train_fixture_dir() -> Path:
     """The directory holding the fixture, generated (in a subprocess) on first use."""
     here = Path(__file__)  # the data comes from train_models.py: its changes make a new fixture too
     key = "train-" + hashlib.sha256(here.read_bytes() + (here.parent / "train_models.py").read_bytes()).hexdigest()[:16]
-    out = CACHE / key
-    if (out / "done").is_file():
-        return out
-    CACHE.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f"{key}.", dir=CACHE))
-    proc = subprocess.run([sys.executable, __file__, str(tmp)], capture_output=True, text=True)
-    if proc.returncode != 0:
-        tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
-        raise RuntimeError(f"the fixture script failed:\n{tail}")
-    (tmp / "done").write_text("ok\n")
-    try:
-        tmp.rename(out)
-    except OSError:  # another process got there first
-        pass
-    return out
+    return generated_dir(Path(__file__), key)
 
 
 def _build(out: Path) -> None:
