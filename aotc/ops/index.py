@@ -242,14 +242,19 @@ def _pad_emit(node: Node, ins: list[str], outs: list[str], ctype: str) -> str:
             continue
         idx, valid = _pad_index(np.arange(n) - b, d, mode)
         offs.append(_dim_offsets(idx, s, valid))
-    if "value" in node.attrs:  # opset < 11
-        fill = c_literal(node.attrs["value"], ctype)
-    elif len(node.inputs) > 2 and node.inputs[2] is not None:
-        v = node.inputs[2]
-        fill = c_literal(v.const.reshape(-1)[0].item(), ctype) if v.is_const else f"{ins[2]}[0]"
-    else:
-        fill = c_literal(0, ctype)
+    fill = pad_fill(node, ctype, ins[2] if len(ins) > 2 else "")
     return separable_gather(ins[0], outs[0], ctype, out, offs, fill=fill)
+
+
+def pad_fill(node: Node, ctype: str, value_ptr: str) -> str:
+    """Pad's fill value as C: the attribute (opset < 11), the constant input, or the first element of the
+    run-time input at ``value_ptr``; 0 without either."""
+    if "value" in node.attrs:
+        return c_literal(node.attrs["value"], ctype)
+    v = node.inputs[2] if len(node.inputs) > 2 else None
+    if v is None:
+        return c_literal(0, ctype)
+    return c_literal(v.const.reshape(-1)[0].item(), ctype) if v.is_const else f"{value_ptr}[0]"
 
 
 register(OpDef("Pad", "kernel", _pad_infer, emit=_pad_emit, const_inputs=(1, 3)))

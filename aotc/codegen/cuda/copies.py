@@ -25,7 +25,8 @@ from aotc.codegen.cuda.common import (
 from aotc.errors import IndexOutOfRangeError
 from aotc.ir import dtypes
 from aotc.ir.kernel import Kernel
-from aotc.ops.common import c_literal, const_input, norm_axis
+from aotc.ops.common import const_input, norm_axis
+from aotc.ops.index import pad_fill
 
 
 def _grid_loop(fn: str, args, names, total: int, idx: str, body: list[str], extra: str = "") -> CudaKernel:
@@ -123,13 +124,8 @@ def emit_pad(k: Kernel, fn: str) -> CudaKernel:
                             f"j{d} = k{d} >= {n} ? {p} - k{d} : k{d};")
         else:
             raise Unsupported(f"Pad mode {mode!r}")
-    if "value" in node.attrs:
-        fill = c_literal(node.attrs["value"], ctype)
-    elif len(node.inputs) > 2 and node.inputs[2] is not None:
-        v = node.inputs[2]
-        fill = c_literal(v.const.reshape(-1)[0].item(), ctype) if v.is_const else f"{ptrs[id(v)]}[0]"
-    else:
-        fill = c_literal(0, ctype)
+    v = node.inputs[2] if len(node.inputs) > 2 else None
+    fill = pad_fill(node, ctype, ptrs[id(v)] if v is not None and not v.is_const else "")
     src = f"{ptrs[id(x)]}[{_source(tuple(x.shape), [f'j{d}' for d in range(len(x.shape))])}]"
     body.append(f"{ptrs[id(out)]}[o] = " + (f"({' && '.join(inside)}) ? {src} : {fill};" if inside else f"{src};"))
     return _grid_loop(fn, args, names, out.size, idx, body)
